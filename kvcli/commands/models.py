@@ -1,0 +1,11 @@
+"""`kvcli models` (being built: see the issue tracker)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+def models() -> None:
+    """Not built yet: exits with an error instead of pretending."""
+    raise click.ClickException("'kvcli models' is not available in this build yet")
