@@ -1,11 +1,164 @@
-"""`kvcli generate` (being built: see the issue tracker)."""
+"""`kvcli generate`: run a JSONL batch through the engine, one JSON result line per request.
+
+Only click and the standard library are imported here; the batch layer and the
+engine (torch) are imported when the command runs, so `kvcli --help` stays fast.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+EXIT_INTERRUPTED = 130
 
-@click.command(context_settings={"ignore_unknown_options": True})
-def generate() -> None:
-    """Not built yet: exits with an error instead of pretending."""
-    raise click.ClickException("'kvcli generate' is not available in this build yet")
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from kvcli.batch.sizes import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+_JOB_OPTIONS = [
+    click.option("-o", "--output", metavar="FILE",
+                 help="Write results here (default: stdout). Refuses to replace a non-empty "
+                      "file unless --resume or --overwrite."),
+    click.option("--resume", is_flag=True,
+                 help="Skip requests whose id is already in -o FILE and append the rest."),
+    click.option("--overwrite", is_flag=True, help="Replace -o FILE if it has results."),
+    click.option("--ordered", is_flag=True,
+                 help="Write results in input order (still streamed) instead of as they finish."),
+    click.option("--token-ids", is_flag=True,
+                 help="Add token_ids (completion) and prompt_token_ids to each result."),
+    click.option("--strict", is_flag=True, help="Unknown fields in a line are an error."),
+    click.option("--fail-fast", is_flag=True, help="Stop at the first failed request."),
+    click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
+                 help="Requests admitted to the engine (or awaiting output) at once."),
+    click.option("--max-line-bytes", default="16MiB", show_default=True, callback=_size,
+                 metavar="SIZE", help="Longer input lines are skipped with an error result."),
+    click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary."),
+    click.option("--progress", is_flag=True,
+                 help="Show the progress bar even when stderr is not a terminal."),
+    click.option("--stats", "stats_path", metavar="FILE", help="Write the run summary as JSON."),
+]
+
+_SAMPLING_OPTIONS = [
+    click.option("--max-tokens", type=int, default=256, show_default=True,
+                 help="Default max new tokens per request."),
+    click.option("--temperature", type=float, default=0.0, show_default=True,
+                 help="Default temperature (0 = greedy)."),
+    click.option("--top-p", type=float, default=1.0, show_default=True),
+    click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+    click.option("--min-p", type=float, default=0.0, show_default=True),
+    click.option("--repetition-penalty", type=float, default=1.0, show_default=True),
+    click.option("--stop", multiple=True, metavar="TEXT", help="Default stop string (repeatable)."),
+    click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Run seed: a request without a seed samples from one derived from this "
+                      "and its id, so reruns and resumed runs give the same text."),
+]
+
+_ENGINE_OPTIONS = [
+    click.option("--model", default="smollm2-135m", show_default=True,
+                 help="Model name or local directory / file."),
+    click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+                 help="Tokens per KV block (and per prefix-cache hash)."),
+    click.option("--num-blocks", type=click.IntRange(min=1),
+                 help="KV blocks in the pool (overrides --kv-cache-memory)."),
+    click.option("--kv-cache-memory", callback=_size, metavar="SIZE",
+                 help="KV cache budget, e.g. 2GiB (default 1GiB)."),
+    click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
+                 show_default=True, help="Token budget of one engine step."),
+    click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Requests running at once."),
+    click.option("--no-prefix-caching", is_flag=True, help="Disable automatic prefix caching."),
+    click.option("--scheduling", type=click.Choice(["fcfs", "cache-aware"]), default="fcfs",
+                 show_default=True, help="cache-aware admits requests sharing a prefix together."),
+    click.option("--device", default="cpu", show_default=True),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+                 default="float32", show_default=True),
+    click.option("--allow-pickle", is_flag=True,
+                 help="Allow loading pickle (.bin/.pt) weights: runs code from the file."),
+]
+
+
+def _apply(options: list[Any]) -> Any:
+    def decorate(f: Any) -> Any:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT")
+@_apply(_JOB_OPTIONS)
+@_apply(_SAMPLING_OPTIONS)
+@_apply(_ENGINE_OPTIONS)
+@click.pass_context
+def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
+    """Generate a completion for every request in the JSONL file INPUT (- for stdin).
+
+    \b
+    Input lines (one JSON object each):
+      {"id": "q1", "prompt": "..."}            plain text (BOS added)
+      {"messages": [{"role": ..., "content": ...}], "tools": [...]}   chat template
+      {"prompt_token_ids": [1, 2, 3]}
+      {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}
+    Any SamplingParams field (max_tokens, temperature, seed, stop, n, logprobs...) and
+    cache_salt may be set per line; flags give the defaults. A line without an id gets
+    "line-<N>" (its 1-based line number).
+
+    \b
+    Exit status: 0 all ok, 1 some requests failed, 2 bad usage or unreadable input,
+    130/143 interrupted (SIGINT/SIGTERM; continue with --resume), 141 broken pipe.
+    """
+    from kvcli.batch.run import GenerateConfig, run_generate
+
+    cfg = GenerateConfig(
+        input=input_path, output=opts["output"], resume=opts["resume"],
+        overwrite=opts["overwrite"], ordered=opts["ordered"], token_ids=opts["token_ids"],
+        strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
+        max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
+        stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
+        engine=_engine_options(opts),
+    )
+    try:
+        code = run_generate(cfg)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop without waiting for the engine step
+        code = EXIT_INTERRUPTED
+    ctx.exit(code)
+
+
+def _sampling_defaults(opts: dict[str, Any]) -> Any:
+    from kvcli.engine.request import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"],
+        top_k=opts["top_k"], min_p=opts["min_p"], repetition_penalty=opts["repetition_penalty"],
+        stop=list(opts["stop"]), ignore_eos=opts["ignore_eos"],
+    )
+    try:
+        params.validate()
+    except ValueError as err:
+        name, _, reason = str(err).partition(": ")
+        raise click.UsageError(f"--{name.replace('_', '-')}: {reason}") from None
+    return params
+
+
+def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": opts["model"], "block_size": opts["block_size"], "num_blocks": opts["num_blocks"],
+        "kv_cache_memory": opts["kv_cache_memory"],
+        "max_num_batched_tokens": opts["max_num_batched_tokens"],
+        "max_num_seqs": opts["max_num_seqs"],
+        "enable_prefix_caching": not opts["no_prefix_caching"],
+        "scheduling": opts["scheduling"], "device": opts["device"], "dtype": opts["dtype"],
+        "allow_pickle": opts["allow_pickle"], "seed": opts["seed"],
+    }

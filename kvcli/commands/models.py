@@ -1,11 +1,76 @@
-"""`kvcli models` (being built: see the issue tracker)."""
+"""`kvcli models`: list the default and converted models; `kvcli models convert SPEC`."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
 
 import click
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
-def models() -> None:
-    """Not built yet: exits with an error instead of pretending."""
-    raise click.ClickException("'kvcli models' is not available in this build yet")
+def _human_size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def _status_line(info: Any) -> str:
+    if info.status == "converted":
+        return f"converted at {info.path}"
+    if info.status == "not installed":
+        return f"not installed ({info.source})"
+    return info.status
+
+
+def _print_table(infos: list[Any]) -> None:
+    rows = [("NAME", "SIZE", "STATUS")]
+    for info in infos:
+        name = info.name + (" (default)" if info.default else "")
+        rows.append((name, _human_size(info.size_bytes), _status_line(info)))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, size, status in rows:
+        click.echo(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {status}")
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """List the default model and the models converted into $KVCLI_HOME.
+
+    Every command that runs a model takes --model DIR|FILE.gguf|ORG/NAME|smollm2-135m:
+    a local Hugging Face directory, a GGUF file (converted once into the cache),
+    a Hugging Face repo id found in the local hub cache, or the default model.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from kvcli.model.resolve import SPEC_HELP, kvcli_home, list_models
+
+    infos = list_models()
+    if as_json:
+        payload = {"home": str(kvcli_home()), "models": [asdict(info) for info in infos]}
+        click.echo(json.dumps(payload, indent=2))
+        return
+    _print_table(infos)
+    click.echo(f"\nCache: {kvcli_home()} (set KVCLI_HOME to move it).")
+    click.echo(f"Choose a model for any command with {SPEC_HELP}.")
+
+
+@models.command("convert")
+@click.argument("spec", required=False)
+@click.option("--allow-pickle", is_flag=True, help="Accept PyTorch .bin (pickle) weights.")
+def convert(spec: str | None, allow_pickle: bool) -> None:
+    """Resolve SPEC (default: smollm2-135m), converting a GGUF once; print its directory."""
+    from kvcli.model.resolve import ModelResolveError, resolve_model
+
+    try:
+        path = resolve_model(spec, allow_pickle=allow_pickle)
+    except ModelResolveError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(str(path))

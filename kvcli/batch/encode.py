@@ -1,0 +1,47 @@
+"""A parsed prompt -> token ids, with the checks that need the model (vocabulary, context length).
+
+Chat messages are rendered with the model's chat template (with ``tools`` when
+given, and the generation prompt) and encoded without adding special tokens
+again; plain text is encoded with them (BOS), as ``transformers`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvcli.batch.records import LineError, PromptSpec, clip
+
+
+@dataclass(slots=True)
+class PromptEncoder:
+    tokenizer: Any  # kvcli.tokenizer.Tokenizer (encode, apply_chat_template)
+    max_model_len: int
+    vocab_size: int
+
+    def encode(self, spec: PromptSpec) -> list[int]:
+        if spec.token_ids is not None:
+            ids = spec.token_ids
+            bad = next((i for i, t in enumerate(ids) if t >= self.vocab_size), None)
+            if bad is not None:
+                raise LineError(f"{spec.source}[{bad}]", f"token id {ids[bad]} is outside the "
+                                f"model's vocabulary [0, {self.vocab_size})")
+        elif spec.messages is not None:
+            ids = self.tokenizer.encode(self._render_chat(spec), add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(spec.text, add_special_tokens=True)
+        if not ids:
+            raise LineError(spec.source, "encodes to no tokens")
+        if len(ids) >= self.max_model_len:
+            raise LineError(spec.source, f"{len(ids)} tokens do not fit the model's context of "
+                            f"{self.max_model_len} tokens (prompt plus at least one new token)",
+                            "context_length_exceeded")
+        return list(ids)
+
+    def _render_chat(self, spec: PromptSpec) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(spec.messages, tools=spec.tools,
+                                                      add_generation_prompt=True)
+        except Exception as err:  # a template (user data + jinja) failing is a per-line error
+            raise LineError(spec.source, "the model's chat template failed: "
+                            f"{clip(str(err) or type(err).__name__, 200)}") from None

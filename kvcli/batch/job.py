@@ -1,0 +1,208 @@
+"""The batch loop: read lines lazily, keep at most ``max_pending`` requests in the engine, write results.
+
+Each iteration admits lines until the window is full (parse -> encode ->
+``engine.add_request``), then runs one ``engine.step()`` and writes what
+finished. A bad line becomes an error result right away and the batch goes on
+(``--fail-fast`` stops it). Memory stays bounded whatever the input size: lines
+are read one at a time, and with ``--ordered`` the window also counts results
+waiting for an earlier one, so at most ``max_pending`` are ever held.
+
+Engine requests are named by their input-order number, not the line's id:
+duplicate ids in the input must not collide inside the engine.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcli.batch.encode import PromptEncoder
+from kvcli.batch.output import ResultFormatter, engine_failure
+from kvcli.batch.parse import ParseOptions, parse_line
+from kvcli.batch.records import FailedLine, LineError, LineRequest
+from kvcli.batch.report import Reporter
+from kvcli.batch.signals import StopSignal
+from kvcli.batch.source import RawLine
+from kvcli.batch.summary import RunCounters
+from kvcli.batch.writer import ResultWriter
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE = 0, 1, 2, 141
+
+
+class OutputError(Exception):
+    """Writing a result failed (full disk, closed pipe...): the job cannot go on."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(str(err))
+        self.os_error = err
+
+
+class InputError(Exception):
+    """Reading the input failed part-way."""
+
+
+@dataclass(slots=True)
+class JobOptions:
+    parse: ParseOptions = field(default_factory=ParseOptions)
+    max_pending: int = 256
+    fail_fast: bool = False
+    input_name: str = "-"
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    exit_code: int
+    status: str  # "completed" | "fail-fast" | "SIGINT" | "SIGTERM" | "broken pipe" | error text
+    counters: RunCounters
+    aborted: int = 0  # requests in flight when the job stopped early (not written)
+
+
+class BatchJob:
+    def __init__(self, engine: Any, lines: Iterator[RawLine], writer: ResultWriter,
+                 formatter: ResultFormatter, reporter: Reporter, opts: JobOptions,
+                 done: set[str] | None = None, counters: RunCounters | None = None) -> None:
+        self.engine = engine
+        self.lines = lines
+        self.writer = writer
+        self.formatter = formatter
+        self.reporter = reporter
+        self.opts = opts
+        self.done = done or set()  # keys already in the output (--resume)
+        self.counters = counters or RunCounters()
+        self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
+        self._pending: dict[str, tuple[int, LineRequest]] = {}  # engine id -> (seq, request)
+        self._first_line_of: dict[str, int] = {}  # id -> first line using it (duplicates)
+        self._warned_fields: set[str] = set()
+        self._exhausted = False
+        self._failed_fast = False
+
+    # ------------------------------------------------------------------- loop
+    def run(self) -> JobOutcome:
+        with StopSignal() as stop:
+            try:
+                self._loop(stop)
+            except OutputError as err:
+                return self._stopped_by_output_error(err.os_error)
+            except InputError as err:
+                self.reporter.error(f"kvcli generate: {err}")
+                return self._outcome(EXIT_USAGE, "input error")
+            if stop:
+                return self._outcome(stop.exit_code, stop.name)
+        if self._failed_fast:
+            return self._outcome(EXIT_FAILED, "fail-fast")
+        return JobOutcome(EXIT_FAILED if self.counters.failed else EXIT_OK, "completed",
+                          self.counters)
+
+    def _loop(self, stop: StopSignal) -> None:
+        while not (stop or self._failed_fast):
+            self._admit(stop)
+            if not self.engine.has_unfinished():
+                # Admission only pauses while the engine has work, so this is the end.
+                break
+            for out in self.engine.step():
+                self._finish(out)
+
+    def _admit(self, stop: StopSignal) -> None:
+        limit = self.opts.max_pending
+        while (not self._exhausted and not stop and not self._failed_fast
+               and len(self._pending) < limit and self.writer.outstanding < limit):
+            raw = self._next_line()
+            if raw is None:
+                self._exhausted = True
+            else:
+                self._take(raw)
+
+    def _next_line(self) -> RawLine | None:
+        try:
+            return next(self.lines, None)
+        except OSError as err:
+            raise InputError(f"cannot read {self.opts.input_name}: {err.strerror or err}") from None
+
+    # -------------------------------------------------------------- per line
+    def _take(self, raw: RawLine) -> None:
+        parsed = parse_line(raw, self.opts.parse)
+        key = parsed.ident.key
+        if key in self.done:
+            self.counters.skipped += 1
+            self.reporter.advance(self.counters)
+            return
+        self._note_duplicate(key, raw.line_no)
+        seq = self.writer.reserve()
+        if isinstance(parsed, FailedLine):
+            self._fail(seq, parsed)
+            return
+        self._warn_ignored(parsed, raw.line_no)
+        try:
+            ids = self.encoder.encode(parsed.prompt)
+            self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
+        except LineError as err:
+            self._fail(seq, FailedLine(parsed.ident, parsed.style, err))
+            return
+        except ValueError as err:  # the engine's own checks ("field: reason")
+            self._fail(seq, FailedLine(parsed.ident, parsed.style, LineError.from_value_error(err)))
+            return
+        parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
+        self._pending[str(seq)] = (seq, parsed)
+
+    def _finish(self, out: Any) -> None:
+        seq, req = self._pending.pop(out.request_id)
+        failed = engine_failure(req, out)
+        if failed is not None:
+            self._fail(seq, failed)
+            return
+        self.counters.record(out)
+        self._emit(seq, self.formatter.success(req, out))
+
+    def _fail(self, seq: int, failed: FailedLine) -> None:
+        self.counters.failed += 1
+        ident = failed.ident
+        where = f"{self.opts.input_name}:{ident.line_no}"
+        if ident.field is not None:
+            where += f" ({ident.field} {ident.key!r})"
+        self.reporter.error(f"{where}: {failed.describe}")
+        self._emit(seq, self.formatter.failure(failed))
+        if self.opts.fail_fast:
+            self._failed_fast = True
+
+    def _emit(self, seq: int, line: bytes) -> None:
+        try:
+            self.writer.submit(seq, line)
+        except OSError as err:
+            raise OutputError(err) from None
+        self.reporter.advance(self.counters)
+
+    def _note_duplicate(self, key: str, line_no: int) -> None:
+        first = self._first_line_of.setdefault(key, line_no)
+        if first != line_no:
+            self.counters.duplicates += 1
+            self.reporter.error(f"{self.opts.input_name}:{line_no}: id {key!r} already used on "
+                                f"line {first}; both run, but --resume treats the id as done "
+                                "once either result is written")
+
+    def _warn_ignored(self, req: LineRequest, line_no: int) -> None:
+        for name in req.ignored_fields:
+            if name not in self._warned_fields:
+                self._warned_fields.add(name)
+                self.reporter.error(f"{self.opts.input_name}:{line_no}: unknown field {name!r} "
+                                    "ignored (reported once; --strict makes it an error)")
+
+    # ------------------------------------------------------------------ stop
+    def _abort_pending(self) -> int:
+        for engine_id in self._pending:
+            self.engine.abort(engine_id)
+        n = len(self._pending) + self.writer.held
+        self._pending.clear()
+        return n
+
+    def _outcome(self, code: int, status: str) -> JobOutcome:
+        return JobOutcome(code, status, self.counters, self._abort_pending())
+
+    def _stopped_by_output_error(self, err: OSError) -> JobOutcome:
+        if err.errno == errno.EPIPE:  # | head: the reader is gone, nothing to say
+            return self._outcome(EXIT_BROKEN_PIPE, "broken pipe")
+        hint = " (disk full)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        self.reporter.error(f"kvcli generate: cannot write to {self.writer.sink.name}: "
+                            f"{err.strerror or err}{hint}; {self.writer.written} results written")
+        return self._outcome(EXIT_FAILED, f"write error: {err.strerror or err}")

@@ -1,0 +1,148 @@
+"""Result lines: a finished request or a failed line -> one JSON line (bytes, newline included).
+
+Plain inputs get ``{"id", "text", "finish_reason", "usage"}`` (``choices`` when
+n > 1); OpenAI Batch inputs get the Batch output line with a ``chat.completion``
+or ``text_completion`` body. Failures carry ``{"code", "message", "param", "line"}``.
+A line that is not even JSON gets both ``id`` and ``custom_id`` (``line-<N>``) so
+either kind of consumer can join it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from kvcli.batch.logprobs import chat_logprobs, completion_logprobs, plain_logprobs
+from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
+from kvcli.engine.outputs import CompletionOutput, RequestOutput
+
+
+def dumps_line(obj: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(obj) + b"\n"
+    except orjson.JSONEncodeError:
+        # Lone surrogates in decoded text: orjson refuses them, json escapes them.
+        return json.dumps(obj, ensure_ascii=True).encode() + b"\n"
+
+
+def engine_failure(req: LineRequest, out: RequestOutput) -> FailedLine | None:
+    """The request failed inside the engine (``error`` set or a choice finished with "error")."""
+    if out.error is None and all(c.finish_reason != "error" for c in out.outputs):
+        return None
+    return FailedLine(req.ident, req.style, LineError(None, out.error or "generation failed",
+                                                     "engine_error"))
+
+
+@dataclass(slots=True)
+class ResultFormatter:
+    model_name: str
+    tokenizer: Any  # for the text of logprob tokens
+    include_token_ids: bool = False
+    _token_text: dict[int, str] = field(default_factory=dict)
+
+    def success(self, req: LineRequest, out: RequestOutput) -> bytes:
+        if req.style is Style.PLAIN:
+            return dumps_line(self._plain(req, out))
+        body = self._openai_body(req, out)
+        return dumps_line({
+            "id": _new_id("batch_req_"), "custom_id": req.ident.key,
+            "response": {"status_code": 200, "request_id": _new_id("req_"), "body": body},
+            "error": None,
+        })
+
+    def failure(self, failed: FailedLine) -> bytes:
+        err = failed.error
+        error = {"code": err.code, "message": str(err), "param": err.field,
+                 "line": failed.ident.line_no}
+        key = failed.ident.key
+        if failed.style is None:
+            return dumps_line({"id": key, "custom_id": key, "response": None, "error": error})
+        if failed.style is Style.PLAIN:
+            return dumps_line({**self._plain_ids(failed.ident), "error": error})
+        return dumps_line({"id": _new_id("batch_req_"), "custom_id": key, "response": None,
+                           "error": error})
+
+    # ------------------------------------------------------------------ plain
+    @staticmethod
+    def _plain_ids(ident: LineId) -> dict[str, Any]:
+        ids = {"id": ident.key}
+        if ident.field == "custom_id":
+            ids["custom_id"] = ident.key
+        return ids
+
+    def _plain(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        result = self._plain_ids(req.ident)
+        choices = [self._plain_choice(req, c) for c in out.outputs]
+        if req.params.n == 1 and len(choices) == 1:
+            del choices[0]["index"]
+            result.update(choices[0])
+        else:
+            result["choices"] = choices
+        result["usage"] = {"prompt_tokens": len(out.prompt_token_ids),
+                           "completion_tokens": _completion_tokens(out),
+                           "cached_tokens": out.num_cached_tokens}
+        if self.include_token_ids:
+            result["prompt_token_ids"] = out.prompt_token_ids
+        return result
+
+    def _plain_choice(self, req: LineRequest, c: CompletionOutput) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
+        if c.logprobs is not None and req.params.logprobs is not None:
+            choice["logprobs"] = plain_logprobs(c.token_ids, c.logprobs, req.params.logprobs,
+                                                self._decode)
+        if self.include_token_ids:
+            choice["token_ids"] = c.token_ids
+        return choice
+
+    # ----------------------------------------------------------------- openai
+    def _openai_body(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        chat = req.style is Style.CHAT
+        body: dict[str, Any] = {
+            "id": _new_id("chatcmpl-" if chat else "cmpl-"),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [self._openai_choice(req, c, chat) for c in out.outputs],
+            "usage": {"prompt_tokens": len(out.prompt_token_ids),
+                      "completion_tokens": _completion_tokens(out),
+                      "total_tokens": len(out.prompt_token_ids) + _completion_tokens(out),
+                      "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}},
+        }
+        if self.include_token_ids:
+            body["prompt_token_ids"] = out.prompt_token_ids
+        return body
+
+    def _openai_choice(self, req: LineRequest, c: CompletionOutput, chat: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": c.index}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": c.text}
+        else:
+            choice["text"] = c.text
+        k = req.params.logprobs
+        logprobs = None
+        if c.logprobs is not None and k is not None:
+            shape = chat_logprobs if chat else completion_logprobs
+            logprobs = shape(c.token_ids, c.logprobs, k, self._decode)
+        choice.update(logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        if self.include_token_ids:
+            choice["token_ids"] = c.token_ids
+        return choice
+
+    def _decode(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def _completion_tokens(out: RequestOutput) -> int:
+    return sum(len(c.token_ids) for c in out.outputs)
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex

@@ -1,0 +1,105 @@
+"""One input line on its way to the engine: what it asks for, or why it cannot run.
+
+Torch-free. A line is parsed into a :class:`LineRequest` (everything validated
+except what needs the tokenizer) or fails with a :class:`LineError`, which the
+job turns into a :class:`FailedLine` result so the rest of the batch continues.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcli.engine.request import SamplingParams
+
+
+class Style(enum.Enum):
+    """Which output format a line gets: its input's own."""
+
+    PLAIN = "plain"  # {"prompt"} / {"messages"} / {"prompt_token_ids"} -> plain result line
+    CHAT = "chat"  # OpenAI Batch line for /v1/chat/completions
+    COMPLETION = "completion"  # OpenAI Batch line for /v1/completions
+
+    @property
+    def is_openai(self) -> bool:
+        return self is not Style.PLAIN
+
+
+@dataclass(slots=True)
+class PromptSpec:
+    """Exactly one of ``text``, ``messages`` or ``token_ids`` is set.
+
+    ``source`` is the input field it came from, for errors found when encoding.
+    """
+
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None
+    token_ids: list[int] | None = None
+    source: str = "prompt"
+
+
+@dataclass(slots=True)
+class LineId:
+    """How results are joined back to inputs and how --resume recognises done work.
+
+    ``key`` is the line's ``custom_id`` / ``id``, or ``line-<N>`` (1-based line
+    number) when it has none; ``field`` is the input field it came from.
+    """
+
+    line_no: int
+    key: str
+    field: str | None = None  # "id" | "custom_id" | None for a line-number id
+
+    @classmethod
+    def from_line_no(cls, line_no: int) -> LineId:
+        return cls(line_no, f"line-{line_no}")
+
+
+@dataclass(slots=True)
+class LineRequest:
+    ident: LineId
+    style: Style
+    prompt: PromptSpec
+    params: SamplingParams
+    cache_salt: str | None = None
+    ignored_fields: list[str] = field(default_factory=list)  # unknown fields (not --strict)
+
+
+def clip(text: str, limit: int) -> str:
+    """Shorten ``text`` for a message: a bad value on a line may be megabytes long."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class LineError(Exception):
+    """A per-line problem: ``field`` names the offending input field (None: the whole line)."""
+
+    def __init__(self, field: str | None, message: str, code: str = "invalid_request") -> None:
+        message = clip(message, 300)
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+        self.code = code
+
+    @classmethod
+    def from_value_error(cls, err: ValueError) -> LineError:
+        """Map the engine's ``ValueError("field: reason")`` convention onto a LineError."""
+        text = str(err)
+        name, sep, reason = text.partition(": ")
+        if sep and name and " " not in name:
+            return cls(name, reason)
+        return cls(None, text)
+
+
+@dataclass(slots=True)
+class FailedLine:
+    """A line that produced no completion; ``style`` is None when it was not even JSON."""
+
+    ident: LineId
+    style: Style | None
+    error: LineError
+
+    @property
+    def describe(self) -> str:
+        return str(self.error)

@@ -1,0 +1,199 @@
+"""``kvcli generate`` end to end: check the paths, resume, load the engine, run the job, summarise.
+
+Cheap checks come before the (slow) model load: a bad path, an empty input or
+an output that would be clobbered fail in milliseconds with exit status 2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from kvcli.batch.job import EXIT_USAGE, BatchJob, JobOptions, JobOutcome
+from kvcli.batch.output import ResultFormatter
+from kvcli.batch.parse import ParseOptions
+from kvcli.batch.report import Reporter
+from kvcli.batch.resume import ResumeState, scan_output
+from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, count_lines, iter_lines, open_input
+from kvcli.batch.summary import RunCounters, build_summary, format_summary
+from kvcli.batch.writer import FdSink, ResultWriter, open_sink
+from kvcli.engine.request import SamplingParams
+
+
+@dataclass(slots=True)
+class GenerateConfig:
+    input: str
+    output: str | None = None  # None / "-": stdout
+    resume: bool = False
+    overwrite: bool = False
+    ordered: bool = False
+    token_ids: bool = False
+    strict: bool = False
+    fail_fast: bool = False
+    max_pending: int = 256
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    quiet: bool = False
+    progress: bool = False
+    stats_path: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # per-line defaults
+    seed: int = 0
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+
+    @property
+    def to_stdout(self) -> bool:
+        return self.output in (None, "-")
+
+    @property
+    def output_name(self) -> str:
+        return "stdout" if self.to_stdout else str(self.output)
+
+
+class BatchUsageError(Exception):
+    """Bad paths or input before anything ran: exit status 2."""
+
+
+EngineFactory = Callable[[GenerateConfig], Any]
+
+
+def load_engine(cfg: GenerateConfig) -> Any:
+    from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+
+    return LLMEngine.from_config(EngineConfig(**cfg.engine))
+
+
+def run_generate(cfg: GenerateConfig, engine_factory: EngineFactory | None = None) -> int:
+    """The command's exit status; ``engine_factory`` defaults to :func:`load_engine`."""
+    try:
+        return _run(cfg, engine_factory or load_engine)
+    except BatchUsageError as err:
+        print(f"kvcli generate: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
+    _check_paths(cfg)
+    stream = _open(cfg.input)
+    try:
+        lines = iter_lines(stream, cfg.max_line_bytes)
+        first = _first_line(lines, cfg.input)
+        resume = _resume(cfg)
+        try:
+            engine = engine_factory(cfg)
+        except (OSError, ValueError) as err:
+            raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
+        return _run_job(cfg, engine, itertools.chain([first], lines), resume)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _check_paths(cfg: GenerateConfig) -> None:
+    if cfg.resume and cfg.to_stdout:
+        raise BatchUsageError("--resume needs -o FILE (it reads the results already there)")
+    if cfg.to_stdout:
+        return
+    out = str(cfg.output)
+    if os.path.isdir(out):
+        raise BatchUsageError(f"-o {out}: is a directory")
+    if cfg.input != "-" and os.path.exists(out) and os.path.samefile(out, cfg.input):
+        raise BatchUsageError("-o names the input file; write the results elsewhere")
+    if not (cfg.resume or cfg.overwrite) and os.path.exists(out) and os.path.getsize(out) > 0:
+        raise BatchUsageError(f"{out} already has results; continue it with --resume, or "
+                              "replace it with --overwrite")
+
+
+def _open(path: str) -> Any:
+    try:
+        return open_input(path)
+    except IsADirectoryError:
+        raise BatchUsageError(f"{path}: is a directory, expected a JSONL file") from None
+    except OSError as err:
+        raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _first_line(lines: Any, path: str) -> Any:
+    try:
+        first = next(lines, None)
+    except OSError as err:
+        raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
+    if first is None:
+        raise BatchUsageError(f"{'stdin' if path == '-' else path} is empty: no requests to run")
+    return first
+
+
+def _resume(cfg: GenerateConfig) -> ResumeState:
+    if not cfg.resume:
+        return ResumeState()
+    try:
+        state = scan_output(str(cfg.output))
+    except OSError as err:
+        raise BatchUsageError(f"cannot resume {cfg.output}: {err.strerror or err}") from None
+    for line_no in state.unreadable[:5]:
+        print(f"kvcli generate: {cfg.output}:{line_no}: not a result line (kept, ignored)",
+              file=sys.stderr)
+    if state.truncated_bytes and not cfg.quiet:
+        print(f"kvcli generate: {cfg.output}: removed a partial last line "
+              f"({state.truncated_bytes} bytes) left by an interrupted run", file=sys.stderr)
+    if not cfg.quiet:
+        print(f"kvcli generate: resuming: {len(state.done)} requests already in {cfg.output}",
+              file=sys.stderr)
+    return state
+
+
+def _run_job(cfg: GenerateConfig, engine: Any, lines: Any, resume: ResumeState) -> int:
+    try:
+        sink = open_sink(cfg.output, append=cfg.resume)
+    except OSError as err:
+        raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
+    show = cfg.progress or sys.stderr.isatty()
+    total = count_lines(cfg.input, cfg.max_line_bytes) if show and not cfg.quiet else None
+    reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
+    opts = JobOptions(ParseOptions(cfg.sampling, cfg.strict, cfg.seed, cfg.max_line_bytes),
+                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin")
+    formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
+                                cfg.token_ids)
+    counters = RunCounters()
+    try:
+        job = BatchJob(engine, lines, ResultWriter(sink, cfg.ordered), formatter, reporter, opts,
+                       resume.done, counters)
+        outcome = job.run()
+    finally:
+        reporter.close()
+        sink.close()
+    if outcome.status == "broken pipe":
+        _silence_stdout(sink)
+        return outcome.exit_code
+    return _finish(cfg, engine, outcome)
+
+
+def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
+    summary = build_summary(outcome.counters, engine.stats(), outcome.status, outcome.exit_code)
+    if outcome.aborted:
+        how = "" if cfg.to_stdout else f"; rerun with --resume -o {cfg.output} to finish"
+        print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} unfinished "
+              f"requests not written{how}", file=sys.stderr)
+    if not cfg.quiet:
+        print(format_summary(summary, cfg.output_name), file=sys.stderr)
+    if cfg.stats_path:
+        try:
+            with open(cfg.stats_path, "wb") as f:
+                f.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+        except OSError as err:
+            print(f"kvcli generate: cannot write --stats {cfg.stats_path}: {err.strerror or err}",
+                  file=sys.stderr)
+            return max(outcome.exit_code, 1)
+    return outcome.exit_code
+
+
+def _silence_stdout(sink: Any) -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's exit flush stays quiet."""
+    if isinstance(sink, FdSink):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sink.fd)
+        os.close(devnull)

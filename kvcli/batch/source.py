@@ -1,0 +1,71 @@
+"""Reading the input lazily: one line at a time, never the whole file, never a whole huge line.
+
+A line longer than ``max_line_bytes`` is skipped without being held in memory
+(it still yields a :class:`RawLine` so it gets its per-line error). Blank lines
+are skipped but counted, so ``line-<N>`` ids stay the file's real line numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+DEFAULT_MAX_LINE_BYTES = 16 << 20  # far above any prompt a context window can hold
+_SKIP_CHUNK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class RawLine:
+    line_no: int  # 1-based
+    data: bytes | None  # None: longer than the limit, skipped unread
+    size: int  # bytes, without the line ending
+
+
+def open_input(path: str) -> BinaryIO:
+    """``-`` is stdin; anything else is opened for binary reading (raises OSError)."""
+    if path == "-":
+        return sys.stdin.buffer
+    return open(path, "rb")  # the caller owns and closes it
+
+
+def iter_lines(stream: BinaryIO, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[RawLine]:
+    line_no = 0
+    while True:
+        chunk = stream.readline(max_line_bytes + 1)
+        if not chunk:
+            return
+        line_no += 1
+        if len(chunk) > max_line_bytes and not chunk.endswith(b"\n"):
+            yield RawLine(line_no, None, len(chunk) + _skip_rest_of_line(stream))
+            continue
+        if line_no == 1 and chunk.startswith(_BOM):
+            chunk = chunk[len(_BOM):]
+        data = chunk.rstrip(b"\r\n")
+        if not data.strip():
+            continue
+        yield RawLine(line_no, data, len(data))
+
+
+def _skip_rest_of_line(stream: BinaryIO) -> int:
+    skipped = 0
+    while True:
+        chunk = stream.readline(_SKIP_CHUNK)
+        if not chunk:
+            return skipped
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk.rstrip(b"\r\n"))
+        skipped += len(chunk)
+
+
+def count_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> int | None:
+    """Non-blank lines of a regular file (for the progress bar's total); None for stdin."""
+    if path == "-":
+        return None
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in iter_lines(f, max_line_bytes))
+    except OSError:
+        return None

@@ -1,0 +1,90 @@
+"""What a run did: per-request counters kept by the job, merged with the engine's own metrics.
+
+The job counts what it wrote (requests ok / failed / skipped, prompt, cached and
+generated tokens of this run's results); ``engine.stats()`` adds what only the
+engine knows (prefill tokens computed vs skipped, peak KV use, preemptions).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvcli.engine.outputs import RequestOutput
+
+
+@dataclass(slots=True)
+class RunCounters:
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0  # already in the output file (--resume)
+    duplicates: int = 0  # input lines whose id an earlier line already used
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def record(self, out: RequestOutput) -> None:
+        self.ok += 1
+        self.prompt_tokens += len(out.prompt_token_ids)
+        self.cached_tokens += out.num_cached_tokens
+        self.generated_tokens += sum(len(c.token_ids) for c in out.outputs)
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed + self.skipped
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+# engine.stats() keys copied into the summary (see kvcli/engine/metrics.py)
+ENGINE_KEYS = ("prefill_tokens_computed", "prefill_tokens_skipped", "decode_tokens", "preemptions",
+               "steps", "forward_s", "num_blocks", "block_size", "peak_blocks_in_use",
+               "peak_kv_utilization", "evicted_blocks", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
+
+
+def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
+                  status: str, exit_code: int) -> dict[str, Any]:
+    wall = counters.elapsed
+    stats = engine_stats or {}
+    summary: dict[str, Any] = {k: v for k, v in asdict(counters).items() if k != "started"}
+    summary.update(
+        status=status,
+        exit_code=exit_code,
+        hit_rate=round(counters.hit_rate, 4),
+        wall_s=round(wall, 3),
+        generated_tok_s=round(counters.generated_tokens / wall, 2) if wall > 0 else 0.0,
+        **{k: stats[k] for k in ENGINE_KEYS if k in stats},
+    )
+    computed = stats.get("prefill_tokens_computed")
+    if computed is not None and wall > 0:
+        summary["processed_tok_s"] = round((computed + counters.generated_tokens) / wall, 2)
+    return summary
+
+
+def format_summary(s: dict[str, Any], output_name: str) -> str:
+    lines = [f"kvcli generate: {s['ok']} ok, {s['failed']} failed"
+             + (f", {s['skipped']} already in {output_name}" if s["skipped"] else "")
+             + f" in {s['wall_s']:.1f} s ({s['status']})"]
+    lines.append(f"  prompt tokens {s['prompt_tokens']:,}, cached {s['cached_tokens']:,} "
+                 f"({100 * s['hit_rate']:.1f}% prefix-cache hit rate)")
+    if "prefill_tokens_computed" in s:
+        lines.append(f"  prefill       {s['prefill_tokens_computed']:,} tokens computed, "
+                     f"{s.get('prefill_tokens_skipped', 0):,} skipped (cache hits)")
+    rate = f", {s['processed_tok_s']:,.1f} tok/s prompt+generated" if "processed_tok_s" in s else ""
+    lines.append(f"  generated     {s['generated_tokens']:,} tokens, "
+                 f"{s['generated_tok_s']:,.1f} tok/s{rate}")
+    if "num_blocks" in s:
+        peak = s.get("peak_blocks_in_use", 0)
+        lines.append(f"  KV cache      peak {peak:,} of {s['num_blocks']:,} blocks "
+                     f"({100 * peak / max(1, s['num_blocks']):.1f}%), "
+                     f"{100 * s.get('peak_kv_utilization', 0):.1f}% of their slots filled, "
+                     f"{s.get('preemptions', 0)} preemptions")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""The library entry point: ``LLM(model).generate(prompts, params)`` like vLLM's offline API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+from kvcli.engine.outputs import RequestOutput
+from kvcli.engine.request import SamplingParams
+
+Prompt = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """Offline batch generation: ``LLM("smollm2-135m").generate(["Hi"], SamplingParams())``.
+
+    Engine options are :class:`EngineConfig` fields as keyword arguments.
+    """
+
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        known = {f.name for f in fields(EngineConfig)}
+        unknown = set(engine_kwargs) - known
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {sorted(unknown)}")
+        self.engine = LLMEngine.from_config(EngineConfig(model=model, **engine_kwargs))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        self = cls.__new__(cls)
+        self.engine = engine
+        return self
+
+    def encode(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        """Token ids of a prompt: text, token ids, or {"prompt"|"prompt_token_ids"|"messages"}."""
+        tok = self.engine.tokenizer
+        if isinstance(prompt, str):
+            return tok.encode(prompt, add_special_tokens=True), None
+        if isinstance(prompt, dict):
+            salt = prompt.get("cache_salt")
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"]), salt
+            if "messages" in prompt:
+                text = tok.apply_chat_template(prompt["messages"], prompt.get("tools"))
+                return tok.encode(text, add_special_tokens=False), salt
+            return tok.encode(prompt["prompt"], add_special_tokens=True), salt
+        return list(prompt), None
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; results in input order."""
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+        base = self.engine._arrivals
+        for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
+            ids, salt = self.encode(prompt)
+            self.engine.add_request(str(base + i), ids, sp, cache_salt=salt)
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                results[out.request_id] = out
+        return [results[str(base + i)] for i in range(len(prompts))]

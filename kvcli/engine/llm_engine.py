@@ -1,0 +1,192 @@
+"""LLMEngine: requests in, finished outputs out; one scheduler step = one forward pass.
+
+Data flow of a step: Scheduler.schedule() (asks KVCacheManager for prefix hits and
+slots) -> ModelRunner.execute() (packed forward over the paged KV cache, logits
+for sampling rows only, Sampler) -> stop checks -> finished requests freed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvcli.engine.kv_cache import KVCacheManager
+from kvcli.engine.metrics import EngineMetrics
+from kvcli.engine.model_runner import ModelRunner
+from kvcli.engine.outputs import CompletionOutput, RequestOutput
+from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.sampler import Sampler
+from kvcli.engine.scheduler import Scheduler, SchedulerConfig
+from kvcli.engine.stop import check_stop, final_text
+
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
+MAX_DEFAULT_BLOCKS = 32768
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes
+    max_num_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    scheduling: str = "fcfs"  # or "cache-aware"
+    device: str = "cpu"
+    dtype: str = "float32"
+    allow_pickle: bool = False
+    seed: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: EngineConfig,
+                 eos_token_ids: tuple[int, ...] = ()) -> None:
+        from kvcli.model.attention import allocate_kv_cache, kv_cache_bytes_per_block
+
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.max_model_len = int(model.max_position_embeddings)
+        self.vocab_size = int(model.vocab_size)
+        dtype = getattr(torch, config.dtype)
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
+            budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+            num_blocks = max(1, budget // per_block)
+            if config.kv_cache_memory is None:
+                num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
+        self.num_blocks = int(num_blocks)
+        self.kv_manager = KVCacheManager(self.num_blocks, config.block_size,
+                                         enable_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs,
+                            self.max_model_len, config.scheduling),
+            self.kv_manager,
+        )
+        kv = allocate_kv_cache(model, self.num_blocks, config.block_size, dtype, config.device)
+        self.sampler = Sampler(config.seed)
+        self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+        self.metrics = EngineMetrics(self.num_blocks, config.block_size)
+        self._requests: dict[str, Request] = {}
+        self._groups: dict[str, list[Request]] = {}  # parent id -> its n children
+        self._arrivals = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        from kvcli.model.loader import load_model, read_eos_token_ids
+        from kvcli.model.resolve import resolve_model
+        from kvcli.tokenizer import Tokenizer
+
+        model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle))
+        model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device,
+                           allow_pickle=config.allow_pickle)
+        tokenizer = Tokenizer.from_dir(model_dir)
+        eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
+        return cls(model, tokenizer, config, eos)
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
+        """Queue a request; raises ``ValueError("field: reason")`` when it can never run."""
+        params = params or SamplingParams()
+        params.validate()
+        self._validate_prompt(request_id, prompt_token_ids, params)
+        children = []
+        for i in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(rid, list(prompt_token_ids), params, cache_salt=cache_salt,
+                          block_size=self.config.block_size, eos_token_ids=self.eos_token_ids,
+                          arrival_index=self._arrivals)
+            self._arrivals += 1
+            children.append(req)
+        self._groups[request_id] = children
+        for req in children:
+            self._requests[req.request_id] = req
+            self.scheduler.add_request(req)
+
+    def _validate_prompt(self, request_id: str, ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._groups:
+            raise ValueError(f"id: duplicate request id {request_id!r}")
+        if not ids:
+            raise ValueError("prompt: empty prompt")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
+                             f"{self.max_model_len} (prompt plus at least one new token)")
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt_token_ids: token id {bad!r} outside [0, {self.vocab_size})")
+        need = -(-min(len(ids) + params.max_tokens, self.max_model_len) // self.config.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"prompt: needs {need} KV blocks but the pool has {self.num_blocks} "
+                             "(raise --num-blocks / --kv-cache-memory or lower max_tokens)")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> None:
+        for req in self._groups.pop(request_id, []):
+            self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            self._forget(req)
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.requests:
+            return []
+        t0 = time.perf_counter()
+        tables = [self.kv_manager.get_block_ids(r.request_id) for r in out.requests]
+        self.metrics.on_schedule(out, self.kv_manager)
+        samplers, result = self.runner.execute(out, tables)
+        self.scheduler.update_after_step(out)
+        now = time.monotonic()
+        finished: list[RequestOutput] = []
+        for i, req in enumerate(samplers):
+            req.append_output_token(result.token_ids[i])
+            if result.logprobs[i] is not None:
+                req.logprobs.append(result.logprobs[i])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            status = check_stop(req, self.max_model_len, self.tokenizer.decode)
+            if status is not None:
+                self.scheduler.finish(req, status)
+                done = self._on_finished(req)
+                if done is not None:
+                    finished.append(done)
+        self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
+        return finished
+
+    def _on_finished(self, req: Request) -> RequestOutput | None:
+        parent = req.request_id.rpartition("#")[0] if req.request_id not in self._groups else \
+            req.request_id
+        group = self._groups.get(parent)
+        if group is None or not all(r.is_finished for r in group):
+            return None
+        del self._groups[parent]
+        outs = []
+        for i, r in enumerate(group):
+            outs.append(CompletionOutput(
+                i, final_text(r, self.tokenizer.decode), list(r.output_token_ids),
+                r.status.value, r.logprobs if r.sampling_params.logprobs is not None else None,
+                r.stop_reason))
+            self._forget(r)
+        first = group[0]
+        ttft = None if first.first_token_time is None else first.first_token_time - first.arrival_time
+        result = RequestOutput(parent, list(first.prompt_token_ids), outs,
+                               max(first.num_cached_tokens, 0),
+                               sum(r.num_preemptions for r in group), ttft)
+        self.metrics.on_finished(result)
+        return result
+
+    def _forget(self, req: Request) -> None:
+        self._requests.pop(req.request_id, None)
+        self.sampler.forget(req.request_id)
+
+    def stats(self) -> dict[str, Any]:
+        return self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)

@@ -1,0 +1,62 @@
+"""Model runner: turns a scheduled step into one packed forward pass and samples.
+
+All scheduled tokens (prefill chunks of some requests, single decode tokens of
+others) are flattened into one unpadded batch. Logits are computed only for the
+rows that sample: the last token of each request whose chunk reaches the end of
+its known tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcli.engine.request import Request
+from kvcli.engine.sampler import SampleResult, Sampler
+from kvcli.engine.scheduler import SchedulerOutput
+from kvcli.model.attention import build_attention_metadata
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        sampler: Sampler,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.sampler = sampler
+        self.device = torch.device(device)
+
+    @torch.inference_mode()
+    def execute(
+        self, out: SchedulerOutput, block_tables: list[list[int]]
+    ) -> tuple[list[Request], SampleResult]:
+        """Run one step; returns the requests that sampled and their new tokens."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        num_computed: list[int] = []
+        sample_rows: list[int] = []
+        samplers: list[Request] = []
+        for req, n in zip(out.requests, out.num_new_tokens, strict=True):
+            start = req.num_computed_tokens
+            input_ids.extend(req.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            num_computed.append(start)
+            if start + n == req.num_tokens:  # chunk reaches the end: this row samples
+                sample_rows.append(len(input_ids) - 1)
+                samplers.append(req)
+        meta = build_attention_metadata(
+            block_tables, num_computed, list(out.num_new_tokens), self.block_size, self.device
+        )
+        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids_t, pos_t, meta, self.kv_cache)
+        if not samplers:
+            return [], SampleResult([], [])
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
+        return samplers, self.sampler(logits, samplers)

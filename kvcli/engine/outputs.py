@@ -1,0 +1,30 @@
+"""What the engine hands back: finished requests with their completions (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "error"
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    time_to_first_token: float | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return True

@@ -1,0 +1,128 @@
+"""Sampling: logits of the rows that sample -> next token ids (and optional logprobs).
+
+Greedy rows are a plain argmax over the raw logits, so greedy output equals
+transformers' ``generate(do_sample=False)``. Random rows draw from a
+per-request ``torch.Generator``: a request's samples depend only on its own
+seed, never on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from kvcli.engine.request import Request
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    def __init__(self, base_seed: int = 0) -> None:
+        self.base_seed = base_seed
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, req: Request) -> torch.Generator:
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            # Unseeded requests still get a private stream (from the engine seed and the
+            # request id), so outputs do not depend on batch composition either.
+            seed = req.sampling_params.seed
+            if seed is None:
+                seed = self.base_seed ^ _stable_hash(req.request_id)
+            else:
+                seed = (seed + 1_000_003 * _sample_index(req.request_id)) & 0xFFFFFFFFFFFF
+            gen = torch.Generator().manual_seed(seed)
+            self._generators[req.request_id] = gen
+        return gen
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SampleResult:
+        logits = logits.float()
+        if any(_has_penalties(r) for r in requests):
+            logits = logits.clone()
+            for i, req in enumerate(requests):
+                if _has_penalties(req):
+                    _apply_penalties(logits[i], req)
+        greedy = logits.argmax(dim=-1).tolist()
+        token_ids: list[int] = []
+        for i, req in enumerate(requests):
+            sp = req.sampling_params
+            if sp.greedy:
+                token_ids.append(greedy[i])
+            else:
+                probs = _filtered_probs(logits[i], sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+                tok = torch.multinomial(probs.cpu(), 1, generator=self._generator(req))
+                token_ids.append(int(tok))
+        logprobs = [self._logprobs(logits[i], req, token_ids[i]) for i, req in enumerate(requests)]
+        return SampleResult(token_ids, logprobs)
+
+    @staticmethod
+    def _logprobs(row: torch.Tensor, req: Request, token: int) -> dict[int, float] | None:
+        k = req.sampling_params.logprobs
+        if k is None:
+            return None
+        lp = torch.log_softmax(row, dim=-1)
+        out = {token: float(lp[token])}
+        if k > 0:
+            vals, ids = lp.topk(k)
+            for v, t in zip(vals.tolist(), ids.tolist(), strict=True):
+                out.setdefault(t, v)
+        return out
+
+
+def _has_penalties(req: Request) -> bool:
+    sp = req.sampling_params
+    return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0 or sp.frequency_penalty != 0
+
+
+def _apply_penalties(row: torch.Tensor, req: Request) -> None:
+    """HF-style repetition penalty over prompt+output; OpenAI presence/frequency over output."""
+    sp = req.sampling_params
+    if sp.repetition_penalty != 1.0 and req.token_ids:
+        ids = torch.tensor(sorted(set(req.token_ids)), dtype=torch.long)
+        vals = row[ids]
+        row[ids] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    if (sp.presence_penalty or sp.frequency_penalty) and req.output_token_ids:
+        counts = Counter(req.output_token_ids)
+        ids = torch.tensor(list(counts), dtype=torch.long)
+        cnt = torch.tensor(list(counts.values()), dtype=row.dtype)
+        row[ids] -= sp.frequency_penalty * cnt + sp.presence_penalty
+
+
+def _filtered_probs(
+    row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor:
+    logits = row / max(temperature, 1e-2)
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        cum = sorted_p.cumsum(0)
+        drop = (cum - sorted_p) > top_p  # keep the smallest set whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    return probs / probs.sum()
+
+
+def _sample_index(request_id: str) -> int:
+    """Child ``i`` of an ``n > 1`` request (id ``parent#i``) gets its own stream."""
+    _, sep, idx = request_id.rpartition("#")
+    return int(idx) if sep and idx.isdigit() else 0
+
+
+def _stable_hash(text: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "little")

@@ -1,0 +1,165 @@
+"""Convert a GGUF file once into a float32 safetensors Hugging Face directory.
+
+torch, transformers and gguf are imported inside the functions: importing this
+module stays cheap. The conversion is written into a hidden temporary directory
+beside the destination and renamed into place only when complete (the marker
+file is its last write), so a killed conversion never leaves a half model that
+later runs would trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MARKER = "kvcli_model.json"
+_TEMP_PREFIX = ".tmp-"
+
+
+class ModelResolveError(ValueError):
+    """A --model spec cannot be turned into a usable model directory."""
+
+
+@dataclass(slots=True)
+class ConversionRecord:
+    """What kvcli_model.json records about a converted model."""
+
+    name: str
+    source: str
+    source_size: int
+    source_mtime_ns: int
+    seconds: float
+    transformers_version: str
+    created: str
+
+
+def is_converted(directory: Path) -> bool:
+    return (directory / MARKER).is_file() and (directory / "config.json").is_file()
+
+
+def read_record(directory: Path) -> ConversionRecord | None:
+    try:
+        return ConversionRecord(**json.loads((directory / MARKER).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(parent: Path) -> None:
+    """Delete temp dirs left by conversions whose process is gone (killed mid-way)."""
+    for entry in parent.glob(_TEMP_PREFIX + "*"):
+        pid_text = entry.name.removeprefix(_TEMP_PREFIX).split("-", 1)[0]
+        if entry.is_dir() and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def gguf_chat_template(gguf_path: Path) -> str | None:
+    """The tokenizer.chat_template string stored in a GGUF's metadata, if any."""
+    import gguf
+
+    field = gguf.GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    value = field.contents()
+    return value if isinstance(value, str) and value else None
+
+
+def _write_hf_checkpoint(gguf_path: Path, out: Path) -> None:
+    # Not AutoModelForCausalLM.from_pretrained(gguf_file=...): transformers 5 demands
+    # `accelerate` for it and marks the loaded model non-serializable (its GGUF
+    # quantizer). Its own GGUF reader, fed a meta-device model for the tensor
+    # names, gives the identical dequantized float32 weights.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except (ValueError, KeyError) as err:
+        raise ModelResolveError(f"{gguf_path}: cannot read this GGUF as a transformers model: {err}") from err
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    parsed = load_gguf_checkpoint(
+        str(gguf_path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32
+    )
+    loaded = model.load_state_dict(parsed["tensors"], strict=False, assign=True)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(loaded.missing_keys) - tied)
+    if missing:
+        raise ModelResolveError(f"{gguf_path}: the GGUF lacks tensors for {', '.join(missing[:5])}")
+    model.tie_weights()
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+
+
+def _ensure_chat_template(gguf_path: Path, out: Path, require_chatml: bool) -> None:
+    from kvcli.tokenizer import Tokenizer
+
+    template = Tokenizer.from_dir(out).chat_template
+    if template is None:
+        template = gguf_chat_template(gguf_path)
+        if template is not None:
+            (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    if require_chatml and "<|im_start|>" not in (template or ""):
+        raise ModelResolveError(f"{gguf_path}: converted model has no ChatML chat template")
+
+
+def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: bool = False) -> Path:
+    """Convert `gguf_path` into `dest` unless already there; return `dest`."""
+    if is_converted(dest):
+        return dest
+    if dest.exists():
+        raise ModelResolveError(
+            f"{dest} exists but is not a finished kvcli conversion (no {MARKER}); remove it and retry"
+        )
+    import transformers
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(dest.parent)
+    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-", dir=dest.parent))
+    started = time.monotonic()
+    stat = gguf_path.stat()
+    print(
+        f"kvcli: converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
+        "(first use only; this takes a while)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        _write_hf_checkpoint(gguf_path, temp)
+        _ensure_chat_template(gguf_path, temp, require_chatml)
+        record = ConversionRecord(
+            name=dest.name,
+            source=str(gguf_path),
+            source_size=stat.st_size,
+            source_mtime_ns=stat.st_mtime_ns,
+            seconds=round(time.monotonic() - started, 1),
+            transformers_version=transformers.__version__,
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
+        (temp / MARKER).write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
+        try:
+            os.rename(temp, dest)
+        except OSError:
+            if not is_converted(dest):  # not a concurrent conversion that finished first
+                raise
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    print(f"kvcli: converted {label} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return dest

@@ -1,0 +1,157 @@
+"""Building blocks shared by every decoder family: linear, RMSNorm, SwiGLU, embeddings, RoPE.
+
+Parameters are allocated empty and filled by the loader; nothing here trains, so no parameter
+requires grad.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvcli.model.config import ModelConfigError, RopeConfig
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Every matmul of every model goes through here, so the backend can be swapped in one place
+    (small decode row counts are much faster through OpenBLAS than MKL on this CPU)."""
+    return F.linear(x, weight, bias)
+
+
+def empty_param(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device | str
+) -> nn.Parameter:
+    return nn.Parameter(torch.empty(tuple(shape), dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, where W may stack several projections that share one input.
+
+    ``output_sizes`` lists the stacked projections (q, k, v or gate, up); the loader copies each
+    checkpoint tensor into its rows (``shard_rows``) so the forward pass is one matmul.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.output_sizes = tuple(output_sizes)
+        out_features = sum(self.output_sizes)
+        self.weight = empty_param((out_features, in_features), dtype, device)
+        self.bias = empty_param((out_features,), dtype, device) if bias else None
+
+    def shard_rows(self, index: int) -> slice:
+        start = sum(self.output_sizes[:index])
+        return slice(start, start + self.output_sizes[index])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 whatever the model dtype, exactly like transformers' LlamaRMSNorm."""
+
+    def __init__(
+        self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param((size,), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        return self.weight * x.to(input_dtype)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.weight = empty_param((num, dim), dtype, device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+_ACTIVATIONS = {"silu": F.silu}
+
+
+def gated_activation(name: str, config_path: str):
+    """The SwiGLU family's act(gate) * up over a fused [..., 2 * intermediate] projection."""
+    try:
+        act = _ACTIVATIONS[name]
+    except KeyError:
+        raise ModelConfigError(
+            f"{config_path}: field 'hidden_act': {name!r} is not supported (supported: {', '.join(_ACTIVATIONS)})"
+        ) from None
+
+    def act_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act(gate) * up
+
+    return act_and_mul
+
+
+def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """Inverse frequencies as transformers' ROPE_INIT_FUNCTIONS compute them (float32, CPU)."""
+    inv_freq = 1.0 / (
+        rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    )
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type != "llama3":
+        return inv_freq
+    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    old_context = rope.original_max_position_embeddings
+    low_freq_wavelen = old_context / rope.low_freq_factor
+    high_freq_wavelen = old_context / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_context / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for every position up to ``max_positions``, computed once (rotate-half layout)."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        rope: RopeConfig,
+        max_positions: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, rope)
+        # Same float32 product as transformers (position * inv_freq), so cos/sin agree bit for bit.
+        freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype=dtype, device=device), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, head_dim] each, broadcasting over heads; looked up once per forward for all layers."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]. Matches transformers' ``x * cos + rotate_half(x) * sin``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

