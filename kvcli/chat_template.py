@@ -141,7 +141,9 @@ def plain_data(value: Any) -> Any:
 
 def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages: expected a list of message dicts, got {type(messages).__name__}")
+        raise TypeError(
+            f"messages: expected a list of message dicts, got {type(messages).__name__}"
+        )
     if not messages:
         raise ValueError("messages: the conversation is empty; give at least one message")
     normalized = []
@@ -150,7 +152,9 @@ def _normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             raise TypeError(f"messages[{index}]: expected a dict, got {type(message).__name__}")
         # Templates handle a missing key but often render a None value as "None".
         message = plain_data({key: value for key, value in message.items() if value is not None})
-        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+        reasoning = next(
+            (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
+        )
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         normalized.append(message)
@@ -162,7 +166,9 @@ def _check_tools(tools: Sequence[Any] | None) -> list[Any] | None:
         return None
     for index, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
-            raise TypeError(f"tools[{index}]: expected a JSON-schema dict, got {type(tool).__name__}")
+            raise TypeError(
+                f"tools[{index}]: expected a JSON-schema dict, got {type(tool).__name__}"
+            )
     return plain_data(list(tools))
 
 

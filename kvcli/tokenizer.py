@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcli.chat_template import render_chat
+from kvcli.detokenizer import IncrementalDetokenizer
+
+__all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError", "read_json"]
 
 SPECIAL_TOKEN_NAMES = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -91,7 +94,11 @@ def _chat_templates(directory: Path, config: Mapping[str, Any]) -> dict[str, str
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), 256),
+    ]
     chars = list(printable)
     extra = 0
     for byte in range(256):
@@ -105,7 +112,15 @@ def _unicode_to_byte() -> dict[str, int]:
 class Tokenizer:
     """Encode, decode and render chat prompts for one model directory."""
 
-    __slots__ = ("_backend", "_special", "_templates", "_model_eos", "_clean_up", "_byte_level", "name")
+    __slots__ = (
+        "_backend",
+        "_special",
+        "_templates",
+        "_model_eos",
+        "_clean_up",
+        "_byte_level",
+        "name",
+    )
 
     def __init__(
         self,
@@ -123,7 +138,9 @@ class Tokenizer:
         self._model_eos = tuple(model_eos_ids)
         # transformers skips this clean-up for BPE models (it would corrupt them).
         self._clean_up = clean_up_spaces and type(backend.model).__name__ != "BPE"
-        self._byte_level = b'"ByteLevel"' in (backend.decoder.__getstate__() if backend.decoder else b"")
+        self._byte_level = b'"ByteLevel"' in (
+            backend.decoder.__getstate__() if backend.decoder else b""
+        )
         self.name = name
 
     @classmethod
@@ -155,7 +172,9 @@ class Tokenizer:
         # Like transformers, a named special token absent from the vocabulary is added.
         missing = [t for t in special.values() if backend.token_to_id(t) is None]
         if missing:
-            backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+            backend.add_special_tokens(
+                [AddedToken(t, special=True, normalized=False) for t in missing]
+            )
         backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
         return cls(
             backend,
@@ -170,8 +189,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
-        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        encodings = self._backend.encode_batch_fast(
+            list(texts), add_special_tokens=add_special_tokens
+        )
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
@@ -188,7 +211,9 @@ class Tokenizer:
         """The raw bytes one token stands for (special tokens: their text)."""
         token = self._backend.id_to_token(token_id)
         if token is None:
-            raise ValueError(f"token_id: {token_id} is outside the vocabulary (size {self.vocab_size})")
+            raise ValueError(
+                f"token_id: {token_id} is outside the vocabulary (size {self.vocab_size})"
+            )
         if token_id in self._backend.get_added_tokens_decoder():
             return token.encode("utf-8")
         if self._byte_level:
@@ -284,59 +309,3 @@ def _clean_up_tokenization(text: str) -> str:
     ):  # fmt: skip
         text = text.replace(before, after)
     return text
-
-
-class IncrementalDetokenizer:
-    """Turn generated ids into text one token at a time, emitting only finished text.
-
-    A token can end inside a multi-byte UTF-8 character (emoji, CJK); decoding
-    then yields U+FFFD, so the text is held back until a later token completes
-    it. Text is computed as the difference between decodes of a short window
-    that starts a few tokens back, which also keeps the spaces that
-    sentencepiece decoders strip at the start of a decode. Without prompt ids,
-    the concatenated deltas (plus flush()) equal tokenizer.decode(all ids).
-    """
-
-    __slots__ = ("_tokenizer", "_ids", "_prefix", "_read", "_prefix_text", "_skip", "text")
-
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        prompt_ids: Sequence[int] = (),
-        skip_special_tokens: bool = True,
-        context_tokens: int = 5,
-    ) -> None:
-        self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
-        # Only the prompt's last few tokens matter as decoding context.
-        self._ids = list(prompt_ids[-context_tokens:]) if context_tokens > 0 else []
-        self._prefix = 0
-        self._read = len(self._ids)
-        self._prefix_text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
-        self.text = ""
-
-    def add(self, token_id: int) -> str:
-        """Append one generated id; return the newly completed text (maybe "")."""
-        self._ids.append(token_id)
-        window_text = self._tokenizer.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
-        if len(window_text) <= len(self._prefix_text) or window_text.endswith("\ufffd"):
-            return ""
-        delta = window_text[len(self._prefix_text) :]
-        self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._tokenizer.decode(
-            self._ids[self._prefix : self._read], skip_special_tokens=self._skip
-        )
-        self.text += delta
-        return delta
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(token_id) for token_id in token_ids)
-
-    def flush(self) -> str:
-        """Emit whatever is held back (an incomplete character decodes as U+FFFD)."""
-        window_text = self._tokenizer.decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
-        delta = window_text[len(self._prefix_text) :]
-        self._prefix = self._read = len(self._ids)
-        self._prefix_text = ""
-        self.text += delta
-        return delta

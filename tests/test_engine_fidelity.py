@@ -10,11 +10,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from fidelity import HFReference, compare
+from tiny_models import FAMILIES
 
 from kvcli.engine.llm import LLM
 from kvcli.engine.request import SamplingParams
-from fidelity import HFReference, compare
-from tiny_models import FAMILIES
 
 MAX_NEW = 12
 BLOCK = 4  # small blocks so short prompts span many blocks and hits are exercised

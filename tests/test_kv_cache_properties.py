@@ -194,6 +194,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             assert not pool.cached
         for block_hash, block in pool.cached.items():
             assert block.block_hash == block_hash
+            assert block.block_id in self.identity, "a cached block's KV was never computed"
             salt, tokens = self.identity[block.block_id]
             assert hash_token_blocks(tokens, BS, cache_salt=salt)[-1] == block_hash
         assert all(b.block_hash is None or pool.cached[b.block_hash] is b for b in pool.blocks)

@@ -178,20 +178,24 @@ def test_chunked_prefill_and_decode_match_hf(pair: Pair) -> None:
 
 
 def test_packed_batch_matches_separate_runs(pair: Pair) -> None:
-    a, b, c = _ids(2, 13), _ids(3, 10), _ids(4, 5)
-    tables = _shuffled_blocks(2, 12)
+    """Step 1 packs two prefills; step 2 packs a prefill chunk, a decode token and a new prompt."""
+    tokens = (_ids(2, 13), _ids(3, 10), _ids(4, 5))
+    tables = _shuffled_blocks(2, 9)
+    tables = (tables[:4], tables[4:7], tables[7:9])
+    schedule = ((6, 7), (9, 1), (0, 5))  # new tokens of each sequence in step 1 and step 2
     alone = []
-    for tokens, table in ((a, tables[:4]), (b, tables[4:7]), (c, tables[7:9])):
-        seq = Seq(tokens, table)
-        alone.append(torch.cat([_step(pair.ours, _nan_cache(pair.ours), [(seq, len(tokens))])[0]]))
-    kv = _nan_cache(pair.ours)
-    sa, sb, sc = Seq(a, tables[:4]), Seq(b, tables[4:7]), Seq(c, tables[7:9])
-    first_a, first_b = _step(pair.ours, kv, [(sa, 6), (sb, 9)])
-    chunk_a, decode_b, prefill_c = _step(pair.ours, kv, [(sa, 7), (sb, 1), (sc, 5)])
-    packed = [torch.cat([first_a, chunk_a]), torch.cat([first_b, decode_b]), prefill_c]
-    for got, want, tokens in zip(packed, alone, (a, b, c), strict=True):
+    for seq_tokens, table, chunks in zip(tokens, tables, schedule, strict=True):
+        seq, kv = Seq(seq_tokens, table), _nan_cache(pair.ours)
+        alone.append(torch.cat([_step(pair.ours, kv, [(seq, n)])[0] for n in chunks if n]))
+    seqs, kv = [Seq(t, b) for t, b in zip(tokens, tables, strict=True)], _nan_cache(pair.ours)
+    first = _step(pair.ours, kv, [(seqs[0], 6), (seqs[1], 9)])
+    second = _step(
+        pair.ours, kv, [(seq, chunks[1]) for seq, chunks in zip(seqs, schedule, strict=True)]
+    )
+    packed = [torch.cat([first[0], second[0]]), torch.cat([first[1], second[1]]), second[2]]
+    for got, want, seq_tokens in zip(packed, alone, tokens, strict=True):
         assert (got - want).abs().max() < TOL
-        assert (got - _hf_logits(pair.hf, tokens)).abs().max() < TOL
+        assert (got - _hf_logits(pair.hf, seq_tokens)).abs().max() < TOL
 
 
 def test_greedy_matches_hf_generate(pair: Pair) -> None:

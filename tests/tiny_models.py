@@ -185,8 +185,12 @@ def _gguf_tensors(model_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
-        out[f"blk.{layer}.attn_q.weight"] = _permute_for_gguf(hf[prefix + "self_attn.q_proj.weight"], n_head)
-        out[f"blk.{layer}.attn_k.weight"] = _permute_for_gguf(hf[prefix + "self_attn.k_proj.weight"], n_kv)
+        out[f"blk.{layer}.attn_q.weight"] = _permute_for_gguf(
+            hf[prefix + "self_attn.q_proj.weight"], n_head
+        )
+        out[f"blk.{layer}.attn_k.weight"] = _permute_for_gguf(
+            hf[prefix + "self_attn.k_proj.weight"], n_kv
+        )
         for hf_name, gguf_name in names.items():
             out[f"blk.{layer}.{gguf_name}.weight"] = hf[prefix + hf_name + ".weight"]
     return out

@@ -1,11 +1,112 @@
-"""`kvcli bench` (being built: see the issue tracker)."""
+"""`kvcli bench`: kvcli against transformers on synthetic workloads, same token ids.
+
+Only click and the standard library are imported here; kvcli.bench (torch,
+transformers) is imported when the command runs.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
 import click
 
+WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
-@click.command(context_settings={"ignore_unknown_options": True})
-def bench() -> None:
-    """Not built yet: exits with an error instead of pretending."""
-    raise click.ClickException("'kvcli bench' is not available in this build yet")
+
+def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    from kvcli.bench.suite import parse_compare  # torch-free
+
+    try:
+        return parse_compare(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+@click.command()
+@click.option("--workload", "workloads", multiple=True, required=True,
+              type=click.Choice(WORKLOAD_CHOICES),
+              help="Workload to run (repeatable; 'all' runs every one).")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="Model name or local directory / .gguf file.")
+@click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
+              help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache "
+                   "('none' for kvcli alone).")
+@click.option("--num-prompts", type=click.IntRange(min=1),
+              help="Requests per workload (default: shared-prefix 32, chat-sessions 16, "
+                   "distinct 32; decode-1 is always 1).")
+@click.option("--max-tokens", type=click.IntRange(min=1),
+              help="New tokens per request (default: the workload's, 32-128).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Alternating timed runs per system; best and median are reported.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload text seed.")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Multiply the workload's prompt lengths (smoke tests).")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="torch threads for every system (default: torch's, from OMP_NUM_THREADS).")
+@click.option("--hf-batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="hf-generate: prompts per padded generate() call.")
+@click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
+              help="hf-generate-batch: tokens per page of its paged cache.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
+              show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
+@click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a bar chart of output tokens/s (needs matplotlib).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
+          plot_path: Path | None, quiet: bool, no_warmup: bool, **opts: Any) -> None:
+    """Time kvcli and its peers on the same prompts (same token ids), greedy, EOS ignored.
+
+    \b
+    Workloads (deterministic from --seed, rendered with the model's chat template):
+      shared-prefix  one ~400-token system prompt + distinct ~40-token questions, 32 new
+      chat-sessions  append-only conversations (4 turns each), 32 new
+      distinct       unrelated prompts of 50-500 tokens, 64 new
+      decode-1       one short prompt, 128 new
+    Progress goes to stderr; the table (or --json) to stdout. Exit status: 0 ok,
+    1 a system failed, 2 bad usage.
+    """
+    from kvcli.bench.suite import BenchConfig, expand_workloads
+
+    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.UsageError("--plot needs matplotlib: pip install 'kvcli[bench]' "
+                               "(or pip install matplotlib)")
+    cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
+                      warmup=not no_warmup, **opts)
+    report = _run(cfg, quiet)
+    _emit(report, as_json, plot_path)
+
+
+def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
+    from kvcli.bench.suite import run_bench
+    from kvcli.model.resolve import ModelResolveError
+
+    def progress(message: str) -> None:
+        if not quiet:
+            click.echo(message, err=True)
+
+    try:
+        return run_bench(cfg, progress)
+    except (ModelResolveError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    except RuntimeError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def _emit(report: dict[str, Any], as_json: bool, plot_path: Path | None) -> None:
+    from kvcli.bench.report import documents, format_table, write_plot
+
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo("\n\n".join(format_table(doc) for doc in documents(report)))
+    if plot_path is not None:
+        try:
+            write_plot(report, plot_path)
+        except RuntimeError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"wrote {plot_path}", err=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kvcli.engine.request import Request
-from kvcli.engine.sampler import SampleResult, Sampler
+from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
 from kvcli.model.attention import build_attention_metadata
 

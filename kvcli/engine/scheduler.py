@@ -179,3 +179,4 @@ class Scheduler:
             self.kv_cache.free(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+            self.kv_cache.free(req)  # drops its recorded lookup

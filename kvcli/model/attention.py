@@ -15,6 +15,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from kvcli.model.decode_batch import DecodeBatch, build_decode_batch, decode_attention
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -26,6 +28,8 @@ class AttentionMetadata:
     ]  # [S] int64 [seq_lens[s]]: flat slots of seq s's whole context
     # Masks depend on (sequence, sliding window) only, so the first layer builds them for all others.
     mask_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    block_size: int = 0
+    decode: DecodeBatch | None = None  # single-token sequences, attended in one batched call
 
     @property
     def num_seqs(self) -> int:
@@ -66,6 +70,8 @@ def build_attention_metadata(
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
         context_slots=context_slots,
+        block_size=block_size,
+        decode=build_decode_batch(block_tables, seq_lens, query_start_loc, block_size, device),
     )
 
 
@@ -140,7 +146,14 @@ class TorchSDPAAttention:
         kv_layer[0].index_copy_(0, meta.slot_mapping, k)
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
+        batched: set[int] = set()
+        if meta.decode is not None and self.sliding_window is None:
+            rows = meta.decode.rows
+            out[rows] = decode_attention(q[rows], kv_layer, meta.decode, meta.block_size, self.scale)
+            batched = set(meta.decode.seqs)
         for seq, (start, end) in enumerate(pairwise(meta.query_start_loc)):
+            if seq in batched:
+                continue
             out[start:end] = self._sequence(
                 seq, q[start:end], k[start:end], v[start:end], kv_layer, meta
             )

@@ -92,7 +92,9 @@ def _write_hf_checkpoint(gguf_path: Path, out: Path) -> None:
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
     except (ValueError, KeyError) as err:
-        raise ModelResolveError(f"{gguf_path}: cannot read this GGUF as a transformers model: {err}") from err
+        raise ModelResolveError(
+            f"{gguf_path}: cannot read this GGUF as a transformers model: {err}"
+        ) from err
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     parsed = load_gguf_checkpoint(
@@ -132,7 +134,9 @@ def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: boo
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_dirs(dest.parent)
-    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-", dir=dest.parent))
+    temp = Path(
+        tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-", dir=dest.parent)
+    )
     started = time.monotonic()
     stat = gguf_path.stat()
     print(

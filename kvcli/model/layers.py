@@ -9,17 +9,48 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvcli.model.config import ModelConfigError, RopeConfig
 
+#: Up to this many rows, CPU float32 matmuls go through NumPy's OpenBLAS: torch's MKL takes slow
+#: paths for decode-sized row counts on AMD CPUs (2.5-4x slower, see docs/BENCHMARKS.md); from
+#: ~128 rows both libraries reach the same GFLOP/s.
+NUMPY_MAX_ROWS = 96
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Every matmul of every model goes through here, so the backend can be swapped in one place
-    (small decode row counts are much faster through OpenBLAS than MKL on this CPU)."""
+    """Every matmul of every model goes through here, so the backend is chosen in one place.
+
+    ``weight`` is ``[out, in]``; :func:`use_input_major_layout` stores it as a transposed view of
+    an ``[in, out]`` buffer, which is the layout OpenBLAS streams fastest for few rows.
+    """
+    if (
+        x.dim() == 2
+        and x.shape[0] <= NUMPY_MAX_ROWS
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+    ):
+        y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+        if bias is not None:
+            y += bias
+        return y
     return F.linear(x, weight, bias)
+
+
+@torch.no_grad()
+def use_input_major_layout(module: nn.Module) -> None:
+    """Re-store every Linear weight as an ``[in, out]`` buffer (seen through a transposed view).
+
+    Done once after loading, one layer at a time, so at most one extra weight exists at once.
+    """
+    for sub in module.modules():
+        if isinstance(sub, Linear) and sub.weight.is_contiguous():
+            sub.weight = nn.Parameter(sub.weight.t().contiguous().t(), requires_grad=False)
 
 
 def empty_param(

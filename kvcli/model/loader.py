@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from kvcli.model.config import ModelConfig, load_config_json, parse_model_config, read_field
-from kvcli.model.layers import Linear
+from kvcli.model.layers import Linear, use_input_major_layout
 from kvcli.model.registry import choose_architecture, model_class, supported_architectures
 
 # (source file, checkpoint name, tensor)
@@ -171,6 +171,8 @@ def load_model(
     model_dir = Path(model_dir)
     model = build_model(read_model_config(model_dir), dtype, device)
     load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
+    if torch.device(device).type == "cpu":
+        use_input_major_layout(model)
     return model.eval()
 
 

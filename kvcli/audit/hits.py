@@ -1,0 +1,114 @@
+"""How many of a prompt's tokens a cache would reuse, per profile.
+
+"blocks" (kvcli, openai): the longest run of leading full blocks whose chain hash
+an earlier prompt produced, in input order against an unbounded cache. The engine
+always computes at least one token, so a prompt that would be cached in full
+loses its last full block (vLLM v1: the hit is capped at prompt length - 1).
+A profile minimum (OpenAI: 1024) zeroes shorter hits.
+
+"breakpoints" (anthropic): a request reads at its breakpoints only (blocks with
+cache_control, else the last block: automatic caching), walking back at most 20
+content blocks for a prefix an earlier request wrote; it writes at its
+breakpoints when the prefix there is at least the model's minimum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+
+from kvcli.hashing import DEFAULT_BLOCK_SIZE, hash_token_blocks
+from kvcli.audit.prefix_index import token_bytes
+
+
+def leading_hits(hashes: Sequence[bytes], seen: Container[bytes]) -> int:
+    """Number of leading block hashes found in `seen` (the chain makes later ones miss anyway)."""
+    count = 0
+    for h in hashes:
+        if h not in seen:
+            break
+        count += 1
+    return count
+
+
+def usable_blocks(matched: int, num_tokens: int, block_size: int, keep_last_token: bool) -> int:
+    """Matched blocks the engine may reuse: never all of the prompt's tokens."""
+    if keep_last_token:
+        return max(0, min(matched, (num_tokens - 1) // block_size))
+    return matched
+
+
+def block_cached_tokens(matched: int, num_tokens: int, block_size: int, keep_last_token: bool, min_tokens: int) -> int:
+    tokens = usable_blocks(matched, num_tokens, block_size, keep_last_token) * block_size
+    return tokens if tokens >= min_tokens else 0
+
+
+def predict_cached_tokens(
+    token_id_lists: Sequence[Sequence[int]],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    cache_salts: Sequence[str | None] | None = None,
+) -> list[int]:
+    """kvcli's prediction of each prompt's cached tokens, prompts run one after another.
+
+    The same rule as the engine: hashes from kvcli/hashing.py, an unbounded cache,
+    full blocks only, at least one token computed.
+    """
+    salts = list(cache_salts) if cache_salts is not None else [None] * len(token_id_lists)
+    if len(salts) != len(token_id_lists):
+        raise ValueError(f"cache_salts: expected {len(token_id_lists)} entries, got {len(salts)}")
+    seen: set[bytes] = set()
+    cached = []
+    for ids, salt in zip(token_id_lists, salts, strict=True):
+        hashes = hash_token_blocks(ids, block_size, salt)
+        matched = leading_hits(hashes, seen)
+        cached.append(usable_blocks(matched, len(ids), block_size, True) * block_size)
+        seen.update(hashes)
+    return cached
+
+
+@dataclass(slots=True)
+class BreakpointRead:
+    cached: int  # tokens read at a breakpoint
+    reachable: int  # longest prefix an earlier request wrote, ignoring the lookback limit
+    breakpoints: int  # breakpoints this request has
+
+
+class BreakpointCache:
+    """Anthropic-style writes and reads at content-block boundaries."""
+
+    __slots__ = ("lookback", "_written")
+
+    def __init__(self, lookback: int) -> None:
+        self.lookback = lookback
+        self._written: set[bytes] = set()
+
+    @staticmethod
+    def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
+        h = hashlib.sha256(("salt:" + salt).encode() if salt else b"")
+        hashes, start = [], 0
+        for end in ends:
+            h.update(token_bytes(ids[start:end]))
+            hashes.append(h.copy().digest())
+            start = end
+        return hashes
+
+    def step(
+        self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int
+    ) -> BreakpointRead:
+        """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block indexes."""
+        hashes = self._prefix_hashes(ids, ends, salt)
+        cached = reachable = 0
+        for b in marked:
+            for j in range(b, max(-1, b - self.lookback), -1):
+                if hashes[j] in self._written:
+                    cached = max(cached, ends[j])
+                    break
+        for j in range(len(ends) - 1, -1, -1):
+            if hashes[j] in self._written:
+                reachable = ends[j]
+                break
+        for b in marked:
+            if ends[b] >= min_tokens:
+                self._written.add(hashes[b])
+        return BreakpointRead(cached, reachable, len(marked))

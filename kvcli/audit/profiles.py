@@ -1,0 +1,111 @@
+"""Cache profiles as data: how each target decides what a prompt reuses.
+
+Numbers are versioned with their source (shared/reference/prompt-caching.md has
+the quotes). Providers change them: edit this table, not the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+HitModel = Literal["blocks", "breakpoints"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    summary: str
+    hit_model: HitModel  # "blocks": leading full blocks by hash; "breakpoints": Anthropic
+    block_size: int  # hashing unit; for "blocks" also the hit increment
+    min_tokens: int  # shortest cacheable prefix (0: one block)
+    keep_last_token: bool  # the engine always computes at least one token
+    per_segment_tokens: bool  # count tokens per content block (Anthropic hashes per block)
+    lookback_blocks: int = 0  # breakpoints: how far a read walks back
+    max_breakpoints: int = 0
+    model_min_tokens: tuple[tuple[str, int], ...] = ()  # (model id prefix, minimum)
+    source: str = ""
+    as_of: str = ""
+
+    def min_tokens_for(self, model: str | None) -> int:
+        """The minimum for `model`: the longest matching prefix in the table, else the default."""
+        if model:
+            matches = [(len(p), m) for p, m in self.model_min_tokens if model.startswith(p)]
+            if matches:
+                return max(matches)[1]
+        return self.min_tokens or self.block_size
+
+    def with_overrides(self, block_size: int | None, min_tokens: int | None) -> Profile:
+        changed = self
+        if block_size is not None:
+            changed = replace(changed, block_size=block_size)
+        if min_tokens is not None:
+            changed = replace(changed, min_tokens=min_tokens, model_min_tokens=())
+        return changed
+
+
+# Anthropic's per-model minimum cacheable length, platform.claude.com prompt-caching page,
+# copy dated 2026-05-04. Later copies differ (see the reference); --min-tokens overrides.
+ANTHROPIC_MINIMUMS: tuple[tuple[str, int], ...] = (
+    ("claude-mythos", 4096),
+    ("claude-opus-4-7", 4096),
+    ("claude-opus-4-6", 4096),
+    ("claude-opus-4-5", 4096),
+    ("claude-haiku-4-5", 4096),
+    ("claude-sonnet-4-6", 2048),
+    ("claude-3-5-haiku", 2048),
+    ("claude-sonnet-4-5", 1024),
+    ("claude-opus-4-1", 1024),
+    ("claude-opus-4", 1024),
+    ("claude-sonnet-4", 1024),
+    ("claude-3-7-sonnet", 1024),
+)
+
+PROFILES: dict[str, Profile] = {
+    "kvcli": Profile(
+        name="kvcli",
+        summary="this engine (vLLM v1 style): full blocks hashed by kvcli/hashing.py, "
+        "longest run of leading cached blocks, the last prompt token always recomputed",
+        hit_model="blocks",
+        block_size=16,
+        min_tokens=0,
+        keep_last_token=True,
+        per_segment_tokens=False,
+        source="kvcli/hashing.py; vLLM v1 KVCacheManager.get_computed_blocks (max hit = prompt - 1)",
+        as_of="kvcli 0.1.0",
+    ),
+    "openai": Profile(
+        name="openai",
+        summary="automatic exact-prefix caching from 1024 tokens, hits in 128-token increments",
+        hit_model="blocks",
+        block_size=128,
+        min_tokens=1024,
+        keep_last_token=True,
+        per_segment_tokens=False,
+        source="openai-cookbook examples/Prompt_Caching_201.ipynb (s1.1); "
+        "developers.openai.com/api/docs/guides/prompt-caching",
+        as_of="2026",
+    ),
+    "anthropic": Profile(
+        name="anthropic",
+        summary="tools -> system -> messages; reads only at breakpoints (explicit cache_control, "
+        "else automatic on the last block), 20-block lookback, per-model minimum",
+        hit_model="breakpoints",
+        block_size=16,
+        min_tokens=1024,
+        keep_last_token=False,
+        per_segment_tokens=True,
+        lookback_blocks=20,
+        max_breakpoints=4,
+        model_min_tokens=ANTHROPIC_MINIMUMS,
+        source="platform.claude.com/docs/en/build-with-claude/prompt-caching (2026-05-04)",
+        as_of="2026-05-04",
+    ),
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"--profile {name}: expected one of {', '.join(PROFILES)}") from None

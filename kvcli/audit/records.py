@@ -1,0 +1,137 @@
+"""The audit's data: requests as read, prompts as rendered, per-prompt results and findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
+
+
+class FieldError(ValueError):
+    """A field of a request has the wrong type or value: str(err) is "field: reason"."""
+
+
+@dataclass(slots=True)
+class InputProblem:
+    """A record or file that could not be audited: `where` is "file:line"."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass(slots=True)
+class PromptRequest:
+    """One request as read: a plain prompt or a chat request (messages kept as given)."""
+
+    source: str  # "file:line" or "file"
+    id: str | None = None
+    text: str | None = None  # plain prompt
+    messages: list[Any] | None = None
+    tools: list[Any] | None = None
+    system: Any = None  # Anthropic-style top-level system (str or content blocks)
+    response_format: Any = None
+    model: str | None = None
+    cache_salt: str | None = None
+    session: str | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+SegmentKind = Literal["tools", "schema", "system", "message", "generation", "text"]
+
+
+@dataclass(slots=True)
+class Segment:
+    """A span of the rendered text that came from one part of the request."""
+
+    label: str  # "tools[1] get_weather", "messages[2] user", "system"
+    kind: SegmentKind
+    start: int
+    end: int
+    role: str | None = None
+    message: int | None = None  # index into messages
+    cache_control: bool = False  # Anthropic breakpoint on this block
+
+
+@dataclass(slots=True)
+class RenderedPrompt:
+    index: int
+    request: PromptRequest
+    text: str
+    segments: list[Segment]
+    add_special_tokens: bool = False
+
+    def segment_at(self, char: int) -> Segment | None:
+        for seg in self.segments:
+            if seg.start <= char < seg.end:
+                return seg
+        return self.segments[-1] if self.segments and char >= self.segments[-1].end else None
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where a prompt first differs from the earlier prompt sharing its longest token prefix."""
+
+    token: int
+    block: int
+    char: int
+    against: int
+    against_id: str | None = None
+
+
+@dataclass(slots=True)
+class Excerpt:
+    """One line of each prompt around a position; `caret` is the column in both lines."""
+
+    this: str
+    other: str | None
+    caret: int
+    against: int | None = None
+
+
+@dataclass(slots=True)
+class Finding:
+    rule: str
+    severity: Severity
+    prompt: int
+    char: int | None
+    message: str
+    fix: str
+    prompt_id: str | None = None
+    segment: str | None = None
+    against: int | None = None
+    tokens_at_stake: int = 0  # estimated tokens that fixing this would let the cache reuse
+    excerpt: Excerpt | None = None
+    count: int = 1  # occurrences merged into this finding
+
+
+@dataclass(slots=True)
+class BlockView:
+    """One block of a prompt's hash chain, for --show-blocks / --html / --diff."""
+
+    hash: str  # short hex
+    start: int
+    end: int
+    state: Literal["hit", "capped", "miss"]
+
+
+@dataclass(slots=True)
+class PromptResult:
+    index: int
+    id: str | None
+    source: str
+    session: str | None
+    tokens: int
+    cached_tokens: int
+    divergence: Divergence | None
+    findings: list[Finding] = field(default_factory=list)
+    blocks: list[BlockView] | None = None
+    tokens_at_stake: int = 0
+    excerpt: Excerpt | None = None  # the first divergence, both sides

@@ -1,0 +1,182 @@
+"""Rendering a request to the one text whose tokens the cache sees, in prefix order.
+
+Chat requests render as tools, then the structured-output schema, then a
+top-level system (Anthropic), then the messages in the order given, then the
+generation prompt. The wrapper is ChatML-like (`<|im_start|>role ... <|im_end|>`),
+which is what most open models' templates produce; with --model the model's own
+template is used instead (kvcli.audit.template).
+
+Serialization choice (see docs/AUDIT.md): tool definitions, schemas and
+tool_use inputs are request-body JSON that every server parses and re-serializes
+before templating, so their whitespace never reaches the cache but their key
+order does. They are rendered with json.dumps in insertion order (orjson keeps
+the order it read). Strings that hold JSON -- tool-call `arguments`, message
+text, tool results -- reach the model verbatim and are rendered byte for byte,
+so separators and key order inside them are seen exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from kvcli.audit.records import FieldError, PromptRequest, RenderedPrompt, Segment, SegmentKind
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>\n"
+GENERATION_PROMPT = IM_START + "assistant\n"
+MAX_PART_DEPTH = 8
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def dumps(value: Any, where: str) -> str:
+    """Insertion-ordered JSON, as HF chat templates' tojson writes it."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (RecursionError, ValueError, TypeError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise FieldError(f"{where}: cannot render: {reason}") from err
+
+
+def fingerprint(value: Any, where: str) -> str:
+    raw = value if isinstance(value, str) else dumps(value, where)
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def tool_name(tool: Any) -> str:
+    """OpenAI {"function": {"name"}}, Responses/Anthropic {"name"}."""
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else tool.get("name")
+        if isinstance(name, str):
+            return name
+    return "?"
+
+
+def render_part(part: Any, where: str, depth: int = 0) -> str:
+    """One content part as text; non-text parts as a fingerprint so any change shows."""
+    if isinstance(part, str):
+        return part
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return part["text"]
+    if kind == "image_url":
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
+        return f"[image {fingerprint(url if url is not None else '', where)} detail={detail}]"
+    if kind == "tool_use":
+        call = {"name": part.get("name"), "input": part.get("input")}
+        return f"<tool_use>{dumps(call, where)}</tool_use>"
+    if kind == "tool_result" and depth < MAX_PART_DEPTH:
+        content = part.get("content")
+        inner = (
+            "\n".join(render_part(p, where, depth + 1) for p in content)
+            if isinstance(content, list)
+            else content if isinstance(content, str) else ""
+        )
+        return f"<tool_result>{inner}</tool_result>"
+    return f"[{kind if isinstance(kind, str) else 'part'} {fingerprint(part, where)}]"
+
+
+def render_tool_call(call: dict[str, Any], where: str) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = dumps(arguments if arguments is not None else {}, f"{where}.function.arguments")
+    name = dumps(function.get("name"), where)
+    return f'<tool_call>{{"name": {name}, "arguments": {arguments}}}</tool_call>'
+
+
+class _Builder:
+    __slots__ = ("parts", "pos", "segments")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.pos = 0
+        self.segments: list[Segment] = []
+
+    def add(self, text: str, label: str, kind: SegmentKind, **extra: Any) -> None:
+        self.parts.append(text)
+        start, self.pos = self.pos, self.pos + len(text)
+        self.segments.append(Segment(label, kind, start, self.pos, **extra))
+
+
+def _render_tools(b: _Builder, tools: list[Any]) -> None:
+    last = len(tools) - 1
+    for i, tool in enumerate(tools):
+        head = IM_START + "tools\n" if i == 0 else ""
+        tail = "\n" + (IM_END if i == last else "")
+        line = dumps(tool, f"tools[{i}]")
+        cache = isinstance(tool, dict) and tool.get("cache_control") is not None
+        b.add(head + line + tail, f"tools[{i}] {tool_name(tool)}", "tools", cache_control=cache)
+
+
+def _content_pieces(content: Any, where: str) -> list[tuple[str, bool]]:
+    """(text, has cache_control) per content block."""
+    if content is None:
+        return [("", False)]
+    if isinstance(content, str):
+        return [(content, False)]
+    pieces = []
+    for j, part in enumerate(content):
+        text = render_part(part, f"{where}[{j}]")
+        cache = isinstance(part, dict) and part.get("cache_control") is not None
+        pieces.append((("\n" if j else "") + text, cache))
+    return pieces or [("", False)]
+
+
+def _render_message(b: _Builder, i: int, message: dict[str, Any]) -> None:
+    role = message["role"]
+    where = f"messages[{i}]"
+    name = message.get("name")
+    head = IM_START + role + (f" name={name}" if isinstance(name, str) else "") + "\n"
+    pieces = _content_pieces(message.get("content"), f"{where}.content")
+    calls = message.get("tool_calls") or []
+    for k, call in enumerate(calls):
+        sep = "\n" if pieces[-1][0] or k else ""
+        pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), False))
+    kind: SegmentKind = "system" if role in ("system", "developer") else "message"
+    last = len(pieces) - 1
+    for j, (text, cache) in enumerate(pieces):
+        cache = cache or (j == last and message.get("cache_control") is not None)
+        label = f"{where} {role}" + (f" part {j}" if last else "")
+        text = (head if j == 0 else "") + text + (IM_END if j == last else "")
+        b.add(text, label, kind, role=role, message=i, cache_control=cache)
+
+
+def render_chat(request: PromptRequest) -> tuple[str, list[Segment]]:
+    b = _Builder()
+    if request.tools:
+        _render_tools(b, request.tools)
+    if request.response_format is not None:
+        schema = dumps(request.response_format, "response_format")
+        b.add(IM_START + "schema\n" + schema + "\n" + IM_END, "response_format", "schema")
+    if request.system is not None:
+        for j, (text, cache) in enumerate(_content_pieces(request.system, "system")):
+            head = IM_START + "system\n" if j == 0 else ""
+            b.add(head + text + IM_END, f"system[{j}]", "system", role="system", cache_control=cache)
+    for i, message in enumerate(request.messages or []):
+        _render_message(b, i, message)
+    b.add(GENERATION_PROMPT, "generation prompt", "generation")
+    return "".join(b.parts), b.segments
+
+
+def scrub_surrogates(text: str) -> str:
+    """Lone surrogates cannot be encoded; replace each with U+FFFD (same length, offsets hold)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+
+
+def render_request(index: int, request: PromptRequest) -> RenderedPrompt:
+    """Raises FieldError when a part cannot be rendered."""
+    if not request.is_chat:
+        text = scrub_surrogates(request.text or "")
+        return RenderedPrompt(index, request, text, [Segment("prompt", "text", 0, len(text))], True)
+    text, segments = render_chat(request)
+    return RenderedPrompt(index, request, scrub_surrogates(text), segments, False)

@@ -1,0 +1,64 @@
+"""OpenAI Responses API bodies ({"instructions", "input"}) as chat messages.
+
+The audit renders chat messages; a Responses body maps onto them one to one:
+instructions -> a system message, input items -> messages, function_call items
+-> assistant tool calls, function_call_output -> tool messages. Content part
+types input_text/output_text become text parts; anything else is kept as a part
+(rendered as a fingerprint, so a change still shows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcli.audit.records import FieldError
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _parts(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and "text" in part:
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            parts.append(part)
+    return parts
+
+
+def _item_message(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    if kind == "message" or "role" in item:
+        return {"role": item.get("role"), "content": _parts(item.get("content"))}
+    if kind == "function_call":
+        call = {
+            "id": item.get("call_id"),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == "function_call_output":
+        return {"role": "tool", "tool_call_id": item.get("call_id"), "content": _parts(item.get("output"))}
+    return {"role": str(kind), "content": [item]}
+
+
+def responses_to_messages(body: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise FieldError(f"{prefix}instructions: expected a string")
+        messages.append({"role": "system", "content": instructions})
+    items = body["input"]
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
+        return messages
+    if not isinstance(items, list):
+        raise FieldError(f"{prefix}input: expected a string or an array of input items")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise FieldError(f"{prefix}input[{i}]: expected an object")
+        messages.append(_item_message(item))
+    return messages

@@ -1,0 +1,207 @@
+"""Reading inputs: files, directories and stdin, one record at a time.
+
+A record is a parsed JSON value (one JSONL line, one element of a JSON array, or
+a whole JSON document) or the text of a .txt/.md file. Problems with one record
+are yielded as InputProblem so the rest is still audited; a path that cannot be
+read at all raises InputError (exit 2).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from kvcli.audit.records import InputProblem
+
+TEXT_SUFFIXES = (".txt", ".md")
+JSON_SUFFIXES = (".json",)
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+AUDITED_SUFFIXES = TEXT_SUFFIXES + JSON_SUFFIXES + JSONL_SUFFIXES
+
+
+class InputError(Exception):
+    """An input path that cannot be read at all."""
+
+
+@dataclass(slots=True)
+class RawRecord:
+    where: str  # "file:line", "file[i]" or "file"
+    value: Any  # a parsed JSON value, or str for a text prompt
+    is_text: bool = False
+
+
+Item = RawRecord | InputProblem
+
+
+def describe_json_error(err: Exception) -> str:
+    """orjson's message, worded for people (its depth limit is 1024 levels)."""
+    text = str(err)
+    if "depth limit" in text or "recursion" in text.lower():
+        return "invalid JSON: nested too deeply (more than 1024 levels)"
+    return f"invalid JSON: {text}"
+
+
+def decode_utf8(data: bytes, where: str) -> str | InputProblem:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return InputProblem(where, f"invalid UTF-8 at byte {err.start}")
+
+
+def parse_json(text: str, where: str) -> Any | InputProblem:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as err:
+        return InputProblem(where, describe_json_error(err))
+    except (RecursionError, MemoryError) as err:  # belt and braces: never crash on input
+        return InputProblem(where, f"invalid JSON: {type(err).__name__}")
+
+
+def iter_jsonl(lines: Iterable[bytes], name: str) -> Iterator[Item]:
+    """One record per non-blank line; `lines` may be a file (streamed)."""
+    seen = False
+    for number, raw in enumerate(lines, start=1):
+        where = f"{name}:{number}"
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        if not raw.strip():
+            continue
+        seen = True
+        text = decode_utf8(raw, where)
+        if isinstance(text, InputProblem):
+            yield text
+            continue
+        value = parse_json(text, where)
+        yield value if isinstance(value, InputProblem) else RawRecord(where, value)
+    if not seen:
+        yield InputProblem(name, "empty input: no requests")
+
+
+def iter_json_document(data: bytes, name: str) -> Iterator[Item]:
+    """A whole JSON document: an array of requests, or one request object.
+
+    A file that is not one document but holds several lines is read as JSONL.
+    """
+    text = decode_utf8(data.removeprefix(codecs.BOM_UTF8), name)
+    if isinstance(text, InputProblem):
+        yield text
+        return
+    if not text.strip():
+        yield InputProblem(name, "empty input: no requests")
+        return
+    value = parse_json(text, name)
+    if isinstance(value, InputProblem):
+        if "\n" in text.strip() and not text.lstrip().startswith("["):
+            yield from iter_jsonl(data.splitlines(), name)
+        else:
+            yield value
+        return
+    if isinstance(value, list):
+        if not value:
+            yield InputProblem(name, "empty JSON array: no requests")
+        for i, item in enumerate(value):
+            yield RawRecord(f"{name}[{i}]", item)
+        return
+    yield RawRecord(name, value)
+
+
+def iter_text(data: bytes, name: str) -> Iterator[Item]:
+    text = decode_utf8(data.removeprefix(codecs.BOM_UTF8), name)
+    if isinstance(text, InputProblem):
+        yield text
+    elif not text:
+        yield InputProblem(name, "empty file: no prompt")
+    else:
+        yield RawRecord(name, text, is_text=True)
+
+
+def iter_sniffed(stream: IO[bytes], name: str) -> Iterator[Item]:
+    """Unknown format (stdin, other suffixes): JSONL if the first line parses as a JSON object,
+    a JSON document if the input starts with '[' or '{' otherwise, else one text prompt."""
+    first = stream.readline()
+    while first and not first.strip():
+        first = stream.readline()
+    head = first.lstrip().removeprefix(codecs.BOM_UTF8)
+    if head.startswith(b"{"):
+        try:
+            is_line = isinstance(orjson.loads(head), dict)
+        except orjson.JSONDecodeError:
+            is_line = False
+        if is_line:
+            yield from iter_jsonl(_chain_first(first, stream), name)
+            return
+    rest = first + stream.read()
+    if head.startswith((b"{", b"[")):
+        yield from iter_json_document(rest, name)
+    else:
+        yield from iter_text(rest, name)
+
+
+def _chain_first(first: bytes, stream: IO[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from stream
+
+
+def iter_file(path: Path) -> Iterator[Item]:
+    name = str(path)
+    suffix = path.suffix.lower()
+    try:
+        with path.open("rb") as f:
+            if suffix in JSONL_SUFFIXES:
+                yield from iter_jsonl(f, name)
+            elif suffix in JSON_SUFFIXES:
+                yield from iter_json_document(f.read(), name)
+            elif suffix in TEXT_SUFFIXES:
+                yield from iter_text(f.read(), name)
+            else:
+                yield from iter_sniffed(f, name)
+    except OSError as err:
+        yield InputProblem(name, f"cannot read: {err.strerror or err}")
+
+
+def directory_files(directory: Path) -> list[Path]:
+    """Audited files under `directory` (recursively, hidden entries skipped), sorted by path."""
+    found: list[Path] = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for file in files:
+            if not file.startswith(".") and file.lower().endswith(AUDITED_SUFFIXES):
+                found.append(Path(root) / file)
+    return sorted(found, key=lambda p: p.relative_to(directory).parts)
+
+
+def check_paths(paths: Iterable[str]) -> list[str]:
+    """Fail early (exit 2) on paths that do not exist or hold nothing to audit."""
+    checked = []
+    for spec in paths:
+        if spec == "-":
+            checked.append(spec)
+            continue
+        path = Path(spec)
+        if not path.exists():
+            raise InputError(f"{spec}: no such file or directory")
+        if path.is_dir() and not directory_files(path):
+            raise InputError(f"{spec}: directory holds no .txt, .md, .json or .jsonl files")
+        if not path.is_dir() and not os.access(path, os.R_OK):
+            raise InputError(f"{spec}: permission denied")
+        checked.append(spec)
+    return checked
+
+
+def iter_records(paths: Iterable[str], stdin: IO[bytes] | None = None) -> Iterator[Item]:
+    for spec in paths:
+        if spec == "-":
+            if stdin is None:
+                raise InputError("-: no standard input")
+            yield from iter_sniffed(stdin, "<stdin>")
+            continue
+        path = Path(spec)
+        files = directory_files(path) if path.is_dir() else [path]
+        for file in files:
+            yield from iter_file(file)

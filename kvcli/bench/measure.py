@@ -1,0 +1,91 @@
+"""Measurements around a benchmark run: peak RSS, latency percentiles, machine facts.
+
+All systems run in one process, so the process-wide peak RSS (ru_maxrss) only grows.
+On Linux the kernel's high-water mark can be reset (`5` to /proc/self/clear_refs),
+which gives each run its own peak; elsewhere the peak is reported as unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+@dataclass(slots=True)
+class RssTracker:
+    """Peak resident memory of the process during one run, and its growth over the run."""
+
+    start_kib: int | None = None
+
+    def start(self) -> None:
+        try:
+            _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
+            self.start_kib = _status_kib("VmRSS")
+        except OSError:
+            self.start_kib = None
+
+    def stop(self) -> tuple[float | None, float | None]:
+        """(peak RSS MiB, peak minus RSS at start MiB), or Nones where unmeasurable."""
+        peak = _status_kib("VmHWM") if self.start_kib is not None else None
+        if peak is None or self.start_kib is None:
+            return None, None
+        return round(peak / 1024, 1), round((peak - self.start_kib) / 1024, 1)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def latency_summary(values: list[float]) -> dict[str, float | None]:
+    return {
+        "ttft_mean_s": statistics.fmean(values) if values else None,
+        "ttft_p50_s": percentile(values, 50),
+        "ttft_p90_s": percentile(values, 90),
+    }
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """What decides CPU timings: cores, load, library versions, thread settings."""
+    import torch
+    import transformers
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "load_avg_1_5_15": load_average(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "threads": threads,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }

@@ -1,0 +1,86 @@
+"""Human-readable benchmark tables and the optional bar chart (matplotlib, `bench` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("system", "name", "{}"),
+    ("wall s", "wall_s", "{:.2f}"),
+    ("median s", "wall_s_median", "{:.2f}"),
+    ("prompt tok", "prompt_tokens", "{}"),
+    ("prefill computed", "prefill_tokens_computed", "{}"),
+    ("generated", "generated_tokens", "{}"),
+    ("out tok/s", "output_tok_s", "{:.1f}"),
+    ("total tok/s", "total_tok_s", "{:.1f}"),
+    ("TTFT mean s", "ttft_mean_s", "{:.2f}"),
+    ("p50", "ttft_p50_s", "{:.2f}"),
+    ("p90", "ttft_p90_s", "{:.2f}"),
+    ("peak RSS MiB", "peak_rss_mb", "{:.0f}"),
+    ("KV util", "kv_utilization", "{:.2f}"),
+)
+
+
+def documents(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-workload documents of a report (one, or the list under "runs")."""
+    return report["runs"] if "runs" in report else [report]
+
+
+def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
+    value = entry.get(key)
+    return "-" if value is None else fmt.format(value)
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """One workload's results as an aligned text table with speedups and the load."""
+    rows = [[title for title, _, _ in COLUMNS] + ["greedy = kvcli"]]
+    for entry in doc["systems"]:
+        cells = [_cell(entry, key, fmt) for _, key, fmt in COLUMNS]
+        match = "reference" if entry is doc["systems"][0] else \
+            f"{entry['outputs_matching']}/{entry['outputs_total']}"
+        rows.append(cells + [match])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in
+                       enumerate(zip(row, widths, strict=True))) for row in rows]
+    machine = doc["machine"]
+    head = (f"workload {doc['workload']}: {doc['description']}; {doc['max_new_tokens']} new "
+            f"tokens each; model {doc['model']}; best of {doc['repeat']}")
+    foot = [f"kvcli speedup over {peer}: {ratio:.2f}x (median runs {doc['speedup_median'][peer]:.2f}x)"
+            for peer, ratio in doc["speedup"].items()]
+    foot.append(f"machine: {machine['cpu_count']} CPUs, {machine['threads']} torch threads, "
+                f"load avg {doc['load_avg_start']} -> {doc['load_avg_end']}, "
+                f"torch {machine['torch']}, transformers {machine['transformers']}")
+    return "\n".join([head, *lines, *foot])
+
+
+def write_plot(report: dict[str, Any], path: Path) -> None:
+    """Bar chart of output tokens/s per system, grouped by workload."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'kvcli[bench]' "
+                           "(or pip install matplotlib)") from None
+    matplotlib.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    docs = documents(report)
+    names = list(dict.fromkeys(e["name"] for d in docs for e in d["systems"]))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(docs)), 4.0))
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for j, doc in enumerate(docs):
+            entry = next((e for e in doc["systems"] if e["name"] == name), None)
+            if entry is not None:
+                xs.append(j + (i - (len(names) - 1) / 2) * width)
+                ys.append(entry["output_tok_s"])
+        bars = ax.bar(xs, ys, width, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(range(len(docs)), [d["workload"] for d in docs])
+    ax.set_ylabel("output tokens/s (best run)")
+    ax.set_title(f"{docs[0]['model']}, {docs[0]['machine']['threads']} threads")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

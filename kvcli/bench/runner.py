@@ -1,0 +1,123 @@
+"""Run systems on one workload, alternating, and turn the timings into a report document.
+
+Every system first runs a short warm-up, then each repeat runs all systems one after
+another on the same token ids (the order rotates between repeats so slow drift in the
+machine's load does not always favour the same system). The best and the median wall
+time of each system are reported; speedups are ratios of walls from this same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvcli.bench.measure import RssTracker, latency_summary, load_average
+from kvcli.bench.systems import KVCLI, BenchSystem, RunResult
+from kvcli.bench.workloads import Workload
+
+Progress = Callable[[str], None]
+WARMUP_PROMPTS = 2
+WARMUP_NEW_TOKENS = 4
+
+
+@dataclass(slots=True)
+class TimedRun:
+    result: RunResult
+    wall_s: float
+    peak_rss_mb: float | None
+    rss_growth_mb: float | None
+
+
+def check_fits(workload: Workload, max_model_len: int) -> None:
+    """A clear error before any timing when a prompt cannot fit the model's context."""
+    for i, prompt in enumerate(workload.prompts):
+        if len(prompt) + workload.max_new_tokens > max_model_len:
+            raise ValueError(
+                f"workload {workload.name}: prompt {i} has {len(prompt)} tokens + "
+                f"{workload.max_new_tokens} new > the model's context of {max_model_len} "
+                "(lower --scale or --max-tokens)")
+
+
+def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int) -> TimedRun:
+    rss = RssTracker()
+    rss.start()
+    start = time.perf_counter()
+    result = system.run(prompts, max_new_tokens)
+    wall = time.perf_counter() - start
+    peak, growth = rss.stop()
+    return TimedRun(result, wall, peak, growth)
+
+
+def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
+                 progress: Progress, warmup: bool = True) -> dict[str, Any]:
+    """Time every system `repeat` times on `workload`; the report's workload section."""
+    if systems[0].name != KVCLI:
+        raise ValueError("systems: kvcli must come first (it is the reference)")
+    load_start = load_average()
+    if warmup:
+        for system in systems:
+            progress(f"[{workload.name}] warm-up {system.name}")
+            system.run(workload.prompts[:WARMUP_PROMPTS],
+                       min(WARMUP_NEW_TOKENS, workload.max_new_tokens))
+    runs: dict[str, list[TimedRun]] = {s.name: [] for s in systems}
+    for r in range(repeat):
+        shift = r % len(systems)
+        for system in systems[shift:] + systems[:shift]:
+            progress(f"[{workload.name}] run {r + 1}/{repeat} {system.name} "
+                     f"({len(workload.prompts)} prompts, load {load_average()})")
+            timed = timed_run(system, workload.prompts, workload.max_new_tokens)
+            runs[system.name].append(timed)
+            progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
+    reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
+    entries = [system_entry(name, timed, workload, reference) for name, timed in runs.items()]
+    kv = entries[0]
+    return {
+        "workload": workload.name,
+        "description": workload.description,
+        "num_prompts": len(workload.prompts),
+        "prompt_tokens": workload.prompt_tokens,
+        "max_new_tokens": workload.max_new_tokens,
+        "repeat": repeat,
+        "load_avg_start": load_start,
+        "load_avg_end": load_average(),
+        "systems": entries,
+        "speedup": {e["name"]: round(e["wall_s"] / kv["wall_s"], 3) for e in entries[1:]},
+        "speedup_median": {e["name"]: round(e["wall_s_median"] / kv["wall_s_median"], 3)
+                           for e in entries[1:]},
+    }
+
+
+def system_entry(name: str, timed: list[TimedRun], workload: Workload,
+                 reference: list[list[int]]) -> dict[str, Any]:
+    """One system's line of the report: its best run's numbers plus the median wall."""
+    best = min(timed, key=lambda t: t.wall_s)
+    walls = [t.wall_s for t in timed]
+    median = statistics.median(walls)
+    res = best.result
+    generated = sum(len(o) for o in res.outputs)
+    prompt_tokens = workload.prompt_tokens
+    matching = sum(a == b for a, b in zip(res.outputs, reference, strict=True))
+    return {
+        "name": name,
+        "wall_s": round(best.wall_s, 4),
+        "wall_s_median": round(median, 4),
+        "wall_s_runs": [round(w, 4) for w in walls],
+        "prompt_tokens": prompt_tokens,
+        "prefill_tokens_computed": res.prefill_tokens_computed,
+        "cached_tokens": res.cached_tokens,
+        "generated_tokens": generated,
+        "output_tok_s": round(generated / best.wall_s, 2),
+        "output_tok_s_median": round(generated / median, 2),
+        "total_tok_s": round((prompt_tokens + generated) / best.wall_s, 2),
+        **{k: None if v is None else round(v, 4) for k, v in latency_summary(res.ttfts).items()},
+        "peak_rss_mb": best.peak_rss_mb,
+        "rss_growth_mb": best.rss_growth_mb,
+        "kv_utilization": res.kv_utilization,
+        "outputs_match": matching == len(reference),
+        "outputs_matching": matching,
+        "outputs_total": len(reference),
+        "details": res.details,
+    }

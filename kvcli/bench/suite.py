@@ -1,0 +1,99 @@
+"""`kvcli bench` end to end: resolve the model, load the systems once, run each workload."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvcli.bench.workloads import WORKLOAD_NAMES
+
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache")
+DEFAULT_COMPARE = "hf-generate"
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    workloads: list[str]
+    model: str | None = None
+    compare: list[str] = field(default_factory=lambda: [DEFAULT_COMPARE])
+    num_prompts: int | None = None
+    max_tokens: int | None = None
+    seed: int = 0
+    scale: float = 1.0
+    repeat: int = 1
+    threads: int | None = None
+    hf_batch_size: int = 8
+    hf_page_size: int = 32
+    max_num_batched_tokens: int = 1024
+    warmup: bool = True
+
+
+def parse_compare(value: str) -> list[str]:
+    """`hf-generate,hf-generate-batch` -> names; '' or 'none' -> []; unknown -> ValueError."""
+    names = [n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown system(s) {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(PEERS)}")
+    return list(dict.fromkeys(names))
+
+
+def expand_workloads(names: list[str]) -> list[str]:
+    """Workload names in the order given, 'all' meaning every workload."""
+    out: list[str] = []
+    for name in names:
+        for item in WORKLOAD_NAMES if name == "all" else (name,):
+            if item not in WORKLOAD_NAMES:
+                raise ValueError(f"unknown workload {item!r}; choose from "
+                                 f"{', '.join(WORKLOAD_NAMES)} or all")
+            if item not in out:
+                out.append(item)
+    return out
+
+
+def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> list[Any]:
+    from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
+    from kvcli.bench.systems import KvcliSystem
+
+    progress(f"loading kvcli engine ({model_dir})")
+    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens)
+    systems: list[Any] = [kvcli]
+    for name in cfg.compare:
+        progress(f"loading {name}")
+        if name == "hf-generate":
+            systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
+        elif name == "hf-generate-batch":
+            systems.append(HFGenerateBatchSystem(model_dir, cfg.hf_page_size,
+                                                 cfg.max_num_batched_tokens))
+        else:
+            systems.append(kvcli.variant(name, enable_prefix_caching=False))
+    return systems
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The report: one workload's document, or {"runs": [...]} for several."""
+    import torch
+
+    from kvcli.bench.measure import machine_info
+    from kvcli.bench.runner import check_fits, run_workload
+    from kvcli.bench.workloads import build_workload
+    from kvcli.model.resolve import DEFAULT_MODEL_NAME, resolve_model
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    model_dir = Path(resolve_model(cfg.model))
+    systems = load_systems(model_dir, cfg, progress)
+    kvcli = systems[0]
+    docs = []
+    for name in cfg.workloads:
+        workload = build_workload(name, kvcli.base.tokenizer, num_prompts=cfg.num_prompts,
+                                  seed=cfg.seed, scale=cfg.scale, max_new_tokens=cfg.max_tokens)
+        check_fits(workload, kvcli.max_model_len)
+        machine = machine_info(torch.get_num_threads())
+        section = run_workload(workload, systems, cfg.repeat, progress, cfg.warmup)
+        docs.append({"workload": name, "model": cfg.model or DEFAULT_MODEL_NAME,
+                     "model_dir": str(model_dir), "seed": cfg.seed, "scale": cfg.scale,
+                     "machine": machine, **section})
+    return docs[0] if len(docs) == 1 else {"runs": docs}

