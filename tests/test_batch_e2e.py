@@ -83,12 +83,11 @@ def test_every_input_format_matches_the_engine(model_dir, llm) -> None:
             p.seed = 0  # greedy: the seed does not matter
     want = llm.generate([list(p) for p in expected_prompts], params)
     plain_rows = rows[:4]
-    for row, ids, out in zip(plain_rows, expected_prompts, want[:4], strict=True):
+    for row, ids, out in zip(plain_rows, expected_prompts[:4], want[:4], strict=True):
         assert row["prompt_token_ids"] == ids
         choices = row.get("choices", [row])
         assert [c["token_ids"] for c in choices] == [c.token_ids for c in out.outputs]
         assert [c["text"] for c in choices] == [c.text for c in out.outputs]
-    assert expected_prompts[0][0] == tok.bos_token_id != chat_ids[0]
     for row, ids, out in zip(rows[4:], expected_prompts[4:], want[4:], strict=True):
         body = row["response"]["body"]
         assert body["prompt_token_ids"] == ids
@@ -97,6 +96,17 @@ def test_every_input_format_matches_the_engine(model_dir, llm) -> None:
     assert chat_choice["message"]["content"] == want[4].outputs[0].text
     assert len(chat_choice["logprobs"]["content"]) == len(want[4].outputs[0].token_ids)
     assert rows[5]["response"]["body"]["choices"][0]["text"] == want[5].outputs[0].text
+
+
+def test_plain_prompt_gets_bos_like_transformers(stories_dir) -> None:
+    golden = json.loads((stories_dir / "golden.json").read_text())["cases"]
+    case = next(c for c in golden if c["prompt"])
+    res, rows = generate("-", "--model", str(stories_dir), "--token-ids", "-q",
+                         "--max-tokens", "8", "--ignore-eos",
+                         input=jsonl([{"prompt": case["prompt"]}]))
+    assert res.exit_code == 0, res.stderr
+    assert rows[0]["prompt_token_ids"] == case["prompt_ids"] and case["prompt_ids"][0] == 1
+    assert rows[0]["token_ids"] == case["output_ids"][:8]  # greedy, checked against llama2.c
 
 
 def test_shared_prefix_hits_cache_and_summary_agrees(model_dir, tmp_path) -> None:
@@ -165,6 +175,6 @@ def test_sigkill_then_resume_equals_clean_run(model_dir, tmp_path) -> None:
     done = subprocess.run([*args, "--resume"], env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     clean = tmp_path / "clean.jsonl"
-    res, _ = generate(*args[4:6], "-o", str(clean), *args[8:])
+    res, _ = generate(args[4], "-o", str(clean), *args[7:])
     assert res.exit_code == 0, res.stderr
     assert _canonical(out) == _canonical(clean)

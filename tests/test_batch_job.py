@@ -211,3 +211,43 @@ def test_broken_pipe_is_quiet(capsys) -> None:
     outcome, _, _ = run_job(jsonl(*PROMPTS), sink=ListSink(fail_after=1, errno_=errno.EPIPE))
     assert (outcome.exit_code, outcome.status) == (141, "broken pipe")
     assert capsys.readouterr().err == ""
+
+
+def test_memory_stays_flat_as_the_input_grows() -> None:
+    """Neither requests nor results are held: 4x the lines, (almost) the same peak memory."""
+    import tracemalloc
+
+    class QuietEngine(FakeEngine):
+        def add_request(self, *args, **kwargs) -> None:
+            super().add_request(*args, **kwargs)
+            self.added.clear()  # the fake's own bookkeeping must not grow either
+
+        def _cache(self, ids, salt) -> int:
+            return 0
+
+    def lines(n: int) -> Iterator[RawLine]:  # generated on the fly: never a file in memory
+        for i in range(1, n + 1):
+            data = b'{"prompt": "question %d"}' % i
+            yield RawLine(i, data, len(data))
+
+    peaks = []
+    for n in (1000, 4000):
+        tracemalloc.start()
+        outcome, sink, _ = run_job(b"", QuietEngine(), ordered=True, max_pending=32,
+                                   sink=CountingSink(), lines=lines(n),
+                                   defaults=SamplingParams(max_tokens=2))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert outcome.exit_code == 0 and sink.count == n
+    assert peaks[1] < peaks[0] + 60_000, peaks  # 3,000 more lines: < 20 bytes each
+
+
+class CountingSink:
+    name = "count"
+    count = 0
+
+    def write(self, data: bytes) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        pass

@@ -117,3 +117,30 @@ def test_parse_size(text: str, value: int) -> None:
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
         parse_size(text)
+
+
+def test_seen_ids_finds_every_kind_of_duplicate() -> None:
+    from kvcli.batch.records import LineId
+    from kvcli.batch.seen import SeenIds
+
+    seen = SeenIds()
+    assert seen.add(LineId(1, "a", "id")) is None
+    assert seen.add(LineId(2, "line-2")) is None
+    assert seen.add(LineId(3, "a", "custom_id")) == 1
+    assert seen.add(LineId(4, "line-2", "id")) == 2  # explicit id spelling an earlier auto id
+    assert seen.add(LineId(5, "line-9", "id")) is None
+    assert seen.add(LineId(9, "line-9")) == 5  # auto id that an earlier explicit id took
+    assert seen.add(LineId(10_000, "line-10000")) is None
+    assert seen.add(LineId(10_001, "line-10000", "id")) == 10_000
+    assert seen.add(LineId(10_002, "line-99999999999999", "id")) is None
+
+
+def test_count_lines_never_reads_a_pipe(tmp_path) -> None:
+    from kvcli.batch.source import count_lines
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+    assert count_lines(str(path)) == 2 and count_lines("-") is None
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert count_lines(str(fifo)) is None  # opening it would block (and eat the input)

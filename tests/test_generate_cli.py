@@ -139,6 +139,8 @@ def test_strict(fake) -> None:
     (lambda d: (d / "e.jsonl").write_text("\n  \n"), ["e.jsonl"], "is empty"),
     (lambda d: (d / "sub").mkdir(), ["sub"], "is a directory"),
     (lambda d: None, ["missing.jsonl"], "cannot read missing.jsonl"),
+    (lambda d: (d / "o.jsonl").write_text("{}\n"), ["missing.jsonl", "-o", "o.jsonl", "--resume"],
+     "cannot read missing.jsonl"),
     (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "--resume"], "--resume needs -o"),
     (lambda d: [(d / "i.jsonl").write_text("{}\n"), (d / "o.jsonl").write_text("{}\n")],
      ["i.jsonl", "-o", "o.jsonl"], "already has results"),
@@ -167,6 +169,13 @@ def test_overwrite(fake, tmp_path) -> None:
     out.write_text('{"id": "old"}\n')
     res = invoke("-", "-o", str(out), "--overwrite", input='{"prompt": "a"}\n')
     assert res.exit_code == 0 and [r["id"] for r in results(out.read_text())] == ["line-1"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_is_a_clear_error(fake) -> None:
+    res = invoke("-", "-o", "/dev/full", input='{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert res.exit_code == 1
+    assert "cannot write to /dev/full: No space left on device (disk full)" in res.stderr
 
 
 def test_progress_bar_on_request(fake, tmp_path) -> None:

@@ -8,6 +8,7 @@ re-align nearby (the prompts simply say different things from there on).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvcli.audit.tokenizers import common_prefix_length
@@ -16,14 +17,15 @@ RESYNC = 24  # characters that must agree again after a small difference
 SEARCH = 64  # longest differing span looked at on either side
 
 
-def find_resync(a: str, b: str, start: int) -> tuple[int, int] | None:
-    """Smallest (x, y), by x + y, with a[start+x:][:RESYNC] == b[start+y:][:RESYNC] (or both ending)."""
+def find_resync(a: str, b: str, start: int, b_start: int | None = None) -> tuple[int, int] | None:
+    """Smallest (x, y), by x + y, with a[start+x:][:RESYNC] == b[b_start+y:][:RESYNC] (or both ending)."""
+    b_start = start if b_start is None else b_start
     window = a[start : start + SEARCH + RESYNC]
     best: tuple[int, int] | None = None
     for y in range(SEARCH + 1):
         if best is not None and y >= best[0] + best[1]:
             break
-        anchor = b[start + y : start + y + RESYNC]
+        anchor = b[b_start + y : b_start + y + RESYNC]
         if len(anchor) < RESYNC:  # b ends: the rest of a must be exactly what is left of b
             x = len(a) - start - len(anchor)
             if 0 <= x <= SEARCH and a.endswith(anchor) and (best is None or x + y < sum(best)):
@@ -61,6 +63,22 @@ class Contrast:
         """The other prompt ends where this one goes on: an append, not a change."""
         return self.start >= len(self.other)
 
+    def regions(self, limit: int = 8) -> Iterator[tuple[int, int, int, int, int]]:
+        """Successive small differences, while the texts keep re-aligning after each:
+        (this offset, other offset, this length, other length, characters shared after it)."""
+        a_pos = b_pos = self.start
+        region = self.region
+        for _ in range(limit):
+            if region is None:
+                return
+            x, y = region
+            shared = common_prefix_length(self.this[a_pos + x :], self.other[b_pos + y :])
+            yield a_pos, b_pos, x, y, shared
+            a_pos, b_pos = a_pos + x + shared, b_pos + y + shared
+            if a_pos >= len(self.this) or b_pos >= len(self.other):
+                return
+            region = find_resync(self.this, self.other, a_pos, b_pos)
+
     def shared_after_region(self) -> int:
         """Characters the two texts share after the differing region (before the next difference)."""
         if self.region is None:
@@ -69,8 +87,20 @@ class Contrast:
         return common_prefix_length(self.this[self.start + x :], self.other[self.start + y :])
 
 
-def build_contrast(this: str, other: str, against: int) -> Contrast:
-    start = common_prefix_length(this, other)
+def first_difference(a: str, b: str, start: int = 0) -> int:
+    """First index >= start where a and b differ (they agree before `start`), or the shorter length."""
+    end = min(len(a), len(b))
+    pos = min(start, end)
+    step = 64
+    while pos < end and a[pos : pos + step] == b[pos : pos + step]:
+        pos += step
+        step *= 2
+    return min(end, pos + common_prefix_length(a[pos : pos + step], b[pos : pos + step]))
+
+
+def build_contrast(this: str, other: str, against: int, hint: int = 0) -> Contrast:
+    """`hint`: a character offset before which the texts are known to agree."""
+    start = first_difference(this, other, hint if this[:hint] == other[:hint] else 0)
     region = None
     if start < len(this) and start < len(other):
         region = find_resync(this, other, start)

@@ -18,8 +18,8 @@ import hashlib
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
-from kvcli.hashing import DEFAULT_BLOCK_SIZE, hash_token_blocks
 from kvcli.audit.prefix_index import token_bytes
+from kvcli.hashing import DEFAULT_BLOCK_SIZE, hash_token_blocks
 
 
 def leading_hits(hashes: Sequence[bytes], seen: Container[bytes]) -> int:

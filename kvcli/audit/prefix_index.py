@@ -1,11 +1,14 @@
 """Every earlier prompt's tokens, merged into one tree of blocks, found by block hash.
 
 Each node is one block of one or more prompts (a full block of `block_size`
-tokens, or a prompt's trailing partial block). Full blocks are found through
-their chain hash from kvcli/hashing.py, so "seen before" means exactly what it
-means to the engine. The tree adds what hashes cannot give: the first token
-where a prompt leaves the longest earlier prefix, which earlier prompt that was,
-and that prompt's tokens back (prompt texts are not kept: 100,000 prompts stream).
+tokens, or a prompt's trailing partial block). Two prompts reach the same node
+exactly when their chain hashes (kvcli/hashing.py: salt, parent, tokens) agree,
+so walking the tree by block content is the engine's hash lookup; each full
+block's hash is computed once, with kvcli/hashing.py continuing the parent's
+chain (as the engine's BlockHasher does), and kept on its node. The tree adds
+what hashes cannot give: the first token where a prompt leaves the longest
+earlier prefix, which earlier prompt that was, and that prompt's tokens back
+(prompt texts are not kept: 100,000 prompts stream).
 
 Memory is one node per distinct block (its tokens, owner, parent, first child),
 so identical prefixes cost nothing extra; branching nodes also keep their
@@ -17,10 +20,14 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvcli.hashing import ROOT_SEED, hash_token_blocks
+
 _NONE = -1
+TIE_SCAN = 32
 
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:
@@ -42,23 +49,26 @@ def common_bytes(a: bytes, b: bytes) -> int:
 
 @dataclass(slots=True)
 class Match:
-    blocks: int  # leading full blocks whose hashes were seen before
+    blocks: int  # leading full blocks seen before (their chain hashes are known)
     lcp: int  # tokens shared with the earlier prompt sharing the longest prefix
     against: int | None  # that prompt (the earliest of those tied, among those compared)
     node: int  # node of the last matched full block (a root when blocks == 0)
+    hashes: list[bytes]  # the prompt's chain hashes: the matched ones, then the new ones
+    nodes: list[int]  # nodes of the matched full blocks
 
 
 class PrefixIndex:
     __slots__ = (
-        "block_size", "_by_hash", "_tokens", "_owner", "_parent", "_first_child",
-        "_branches", "_roots", "_leaf", "_tail_node", "_tail_len",
+        "block_size", "_hash", "_tokens", "_owner", "_parent", "_first_child",
+        "_branches", "_roots", "_leaf", "_tail_node", "_tail_len", "_recent",
     )  # fmt: skip
+    RECENT = 512  # recent prompts kept as (salt, token bytes, full-block nodes) for hinted matches
 
     def __init__(self, block_size: int) -> None:
         if block_size < 1:
             raise ValueError("block_size: expected a positive integer")
         self.block_size = block_size
-        self._by_hash: dict[bytes, int] = {}
+        self._hash: list[bytes] = []  # per node: its chain hash (b"" for roots and partial blocks)
         self._tokens: list[bytes] = []
         self._owner = array("q")
         self._parent = array("q")
@@ -68,6 +78,7 @@ class PrefixIndex:
         self._leaf = array("q")  # per prompt: node of its last full block (or its root)
         self._tail_node = array("q")  # per prompt: node holding its trailing partial block
         self._tail_len = array("q")  # per prompt: tokens of that node that are its own
+        self._recent: OrderedDict[int, tuple[str | None, bytes, list[int]]] = OrderedDict()
 
     # ---- nodes ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -77,8 +88,9 @@ class PrefixIndex:
     def prompts(self) -> int:
         return len(self._leaf)
 
-    def _new_node(self, tokens: bytes, owner: int, parent: int) -> int:
+    def _new_node(self, tokens: bytes, owner: int, parent: int, block_hash: bytes = b"") -> int:
         node = len(self._tokens)
+        self._hash.append(block_hash)
         self._tokens.append(tokens)
         self._owner.append(owner)
         self._parent.append(parent)
@@ -118,42 +130,98 @@ class PrefixIndex:
         for j in (pos - 1, pos):
             if 0 <= j < len(keys):
                 shared = common_bytes(keys[j], query) // 4
-                if shared > best or (shared == best > 0 and self._owner[ids[j]] < self._owner[best_child]):
+                if shared > best:
                     best, best_child = shared, ids[j]
+        if best:
+            best_child = self._earliest_tied(keys, ids, pos, best, query)
         return best, best_child
 
-    # ---- queries -------------------------------------------------------------
-    def match(self, raw: bytes, hashes: Sequence[bytes], salt: str | None) -> Match:
-        """Where a prompt (token bytes `raw`, block hashes `hashes`) leaves every earlier prompt."""
-        node, blocks = self._roots.get(salt, _NONE), 0
-        by_hash = self._by_hash
-        for h in hashes:
-            found = by_hash.get(h)
-            if found is None:
-                break
-            node, blocks = found, blocks + 1
-        if node == _NONE:
-            return Match(0, 0, None, _NONE)
-        width = 4 * self.block_size
-        shared, child = self._best_child(node, raw[blocks * width : (blocks + 1) * width])
-        lcp = blocks * self.block_size + shared
-        if lcp == 0:
-            return Match(0, 0, None, node)
-        against = self._owner[child] if shared else self._owner[node]
-        return Match(blocks, lcp, against, node)
+    def _earliest_tied(self, keys: list[bytes], ids: list[int], pos: int, shared: int, query: bytes) -> int:
+        """Of the children sharing `shared` tokens with `query` (contiguous around `pos` in sorted
+        order), the one whose owner came first; at most TIE_SCAN each way are looked at."""
+        prefix = query[: 4 * shared]
+        best = _NONE
+        for step, j in ((-1, pos - 1), (1, pos)):
+            for _ in range(TIE_SCAN):
+                if not (0 <= j < len(keys)) or not keys[j].startswith(prefix):
+                    break
+                if best == _NONE or self._owner[ids[j]] < self._owner[best]:
+                    best = ids[j]
+                j += step
+        return best
 
-    def insert(self, prompt: int, raw: bytes, hashes: Sequence[bytes], salt: str | None, match: Match) -> None:
+    # ---- queries -------------------------------------------------------------
+    def _child_equal_to(self, node: int, block: bytes) -> int:
+        """The child of `node` holding exactly `block`, or _NONE."""
+        branch = self._branches.get(node)
+        if branch is None:
+            child = self._first_child[node]
+            return child if child != _NONE and self._tokens[child] == block else _NONE
+        keys, ids = branch
+        pos = bisect_left(keys, block)
+        return ids[pos] if pos < len(keys) and keys[pos] == block else _NONE
+
+    def _jump(self, hint: int | None, raw: bytes, salt: str | None) -> list[int]:
+        """Nodes of the leading full blocks shared with prompt `hint`, by one byte comparison
+        (a conversation's previous turn usually shares almost everything)."""
+        entry = self._recent.get(hint) if hint is not None else None
+        if entry is None or entry[0] != salt:
+            return []
+        shared = common_bytes(entry[1], raw) // (4 * self.block_size)
+        return entry[2][:shared]
+
+    def match(self, token_ids: Sequence[int], raw: bytes, salt: str | None, hint: int | None = None) -> Match:
+        """Where a prompt (its ids, and `raw`: the same as token_bytes) leaves every earlier prompt,
+        and its chain hashes (new blocks hashed here, continuing the matched chain). `hint`: an
+        earlier prompt likely to share a long prefix (only a shortcut: the result is the same)."""
+        root = self._roots.get(salt, _NONE)
+        width = 4 * self.block_size
+        full = len(raw) // width
+        nodes = self._jump(hint, raw, salt) if root != _NONE else []
+        node, blocks = (nodes[-1] if nodes else root), len(nodes)
+        if root != _NONE:
+            tokens, first_child, branches = self._tokens, self._first_child, self._branches
+            while blocks < full:  # hot loop: the common single-child case is inlined
+                block = raw[blocks * width : (blocks + 1) * width]
+                if node in branches:
+                    child = self._child_equal_to(node, block)
+                else:
+                    child = first_child[node]
+                    if child != _NONE and tokens[child] != block:
+                        child = _NONE
+                if child == _NONE:
+                    break
+                node, blocks = child, blocks + 1
+                nodes.append(node)
+        bs = self.block_size
+        path = [self._hash[n] for n in nodes]
+        parent = path[-1] if path else ROOT_SEED
+        path += hash_token_blocks(token_ids[blocks * bs : full * bs], bs, salt, parent=parent, start_block=blocks)
+        if node == _NONE:
+            return Match(0, 0, None, _NONE, path, nodes)
+        shared, child = self._best_child(node, raw[blocks * width : (blocks + 1) * width])
+        lcp = blocks * bs + shared
+        if lcp == 0:
+            return Match(0, 0, None, node, path, nodes)
+        against = self._owner[child] if shared else self._owner[node]
+        return Match(blocks, lcp, against, node, path, nodes)
+
+    def insert(self, prompt: int, raw: bytes, salt: str | None, match: Match) -> None:
         """Add prompt number `prompt` (the next one) after `match` told where it leaves the tree."""
         if prompt != len(self._leaf):
             raise ValueError(f"prompt: expected {len(self._leaf)}, got {prompt}")
         node = match.node if match.node != _NONE else self._root(salt)
         width = 4 * self.block_size
+        hashes, nodes = match.hashes, list(match.nodes)
         for j in range(match.blocks, len(hashes)):
-            child = self._new_node(raw[j * width : (j + 1) * width], prompt, node)
-            self._by_hash[hashes[j]] = child
+            child = self._new_node(raw[j * width : (j + 1) * width], prompt, node, hashes[j])
             self._attach(node, child)
             node = child
+            nodes.append(child)
         self._leaf.append(node)
+        self._recent[prompt] = (salt, raw, nodes)
+        if len(self._recent) > self.RECENT:
+            self._recent.popitem(last=False)
         tail = raw[len(hashes) * width :]
         shared, child = self._best_child(node, tail)
         if tail and shared * 4 < len(tail):

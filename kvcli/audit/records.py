@@ -134,4 +134,5 @@ class PromptResult:
     findings: list[Finding] = field(default_factory=list)
     blocks: list[BlockView] | None = None
     tokens_at_stake: int = 0
+    matched_tokens: int = 0  # tokens in blocks seen before (cached_tokens, or more when not counted)
     excerpt: Excerpt | None = None  # the first divergence, both sides

@@ -20,7 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import orjson
 
 from kvcli.audit.records import FieldError, PromptRequest, RenderedPrompt, Segment, SegmentKind
 
@@ -28,6 +32,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
 GENERATION_PROMPT = IM_START + "assistant\n"
 MAX_PART_DEPTH = 8
+T = TypeVar("T")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -38,6 +43,43 @@ def dumps(value: Any, where: str) -> str:
     except (RecursionError, ValueError, TypeError) as err:
         reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
         raise FieldError(f"{where}: cannot render: {reason}") from err
+
+
+def compact_key(value: Any) -> bytes | None:
+    """A fast exact key for a JSON value, key order included (orjson keeps insertion order)."""
+    try:
+        return orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return None  # too deep for orjson's writer: no memo
+
+
+class JsonMemo:
+    """Results of a pure function of a JSON value, keyed by its exact serialization: requests
+    repeat the same tools and, turn after turn, the same conversation history."""
+
+    __slots__ = ("budget", "_memo", "_size")
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self._memo: dict[bytes, Any] = {}
+        self._size = 0
+
+    def get(self, value: Any, compute: Callable[[], T]) -> T:
+        key = compact_key(value)
+        if key is None:
+            return compute()
+        found = self._memo.get(key)
+        if found is None:
+            if self._size > self.budget:
+                self._memo.clear()
+                self._size = 0
+            found = self._memo[key] = compute()
+            self._size += 2 * len(key)  # the key and about as much rendered text
+        return found
+
+
+_TOOLS = JsonMemo(8 << 20)
+_MESSAGES = JsonMemo(32 << 20)
 
 
 def fingerprint(value: Any, where: str) -> str:
@@ -109,42 +151,47 @@ def _render_tools(b: _Builder, tools: list[Any]) -> None:
     for i, tool in enumerate(tools):
         head = IM_START + "tools\n" if i == 0 else ""
         tail = "\n" + (IM_END if i == last else "")
-        line = dumps(tool, f"tools[{i}]")
+        line = _TOOLS.get(tool, partial(dumps, tool, f"tools[{i}]"))
         cache = isinstance(tool, dict) and tool.get("cache_control") is not None
         b.add(head + line + tail, f"tools[{i}] {tool_name(tool)}", "tools", cache_control=cache)
 
 
-def _content_pieces(content: Any, where: str) -> list[tuple[str, bool]]:
-    """(text, has cache_control) per content block."""
-    if content is None:
-        return [("", False)]
-    if isinstance(content, str):
-        return [(content, False)]
+def _content_pieces(content: Any, where: str) -> list[tuple[str, str, bool]]:
+    """(text, label suffix, has cache_control) per content block."""
+    if content is None or isinstance(content, str):
+        return [(content or "", "", False)]
     pieces = []
     for j, part in enumerate(content):
         text = render_part(part, f"{where}[{j}]")
         cache = isinstance(part, dict) and part.get("cache_control") is not None
-        pieces.append((("\n" if j else "") + text, cache))
-    return pieces or [("", False)]
+        pieces.append((("\n" if j else "") + text, f" content[{j}]", cache))
+    return pieces or [("", "", False)]
 
 
-def _render_message(b: _Builder, i: int, message: dict[str, Any]) -> None:
+def message_blocks(message: dict[str, Any], where: str) -> list[tuple[str, str, bool]]:
+    """(text, label suffix, cache_control) per content block of one message, wrapper included."""
     role = message["role"]
-    where = f"messages[{i}]"
     name = message.get("name")
     head = IM_START + role + (f" name={name}" if isinstance(name, str) else "") + "\n"
     pieces = _content_pieces(message.get("content"), f"{where}.content")
-    calls = message.get("tool_calls") or []
-    for k, call in enumerate(calls):
+    for k, call in enumerate(message.get("tool_calls") or []):
         sep = "\n" if pieces[-1][0] or k else ""
-        pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), False))
-    kind: SegmentKind = "system" if role in ("system", "developer") else "message"
+        pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), f" tool_calls[{k}]", False))
     last = len(pieces) - 1
-    for j, (text, cache) in enumerate(pieces):
+    blocks = []
+    for j, (text, suffix, cache) in enumerate(pieces):
         cache = cache or (j == last and message.get("cache_control") is not None)
-        label = f"{where} {role}" + (f" part {j}" if last else "")
         text = (head if j == 0 else "") + text + (IM_END if j == last else "")
-        b.add(text, label, kind, role=role, message=i, cache_control=cache)
+        blocks.append((text, suffix if last else "", cache))
+    return blocks
+
+
+def _render_message(b: _Builder, i: int, message: dict[str, Any]) -> None:
+    where = f"messages[{i}]"
+    role = message["role"]
+    kind: SegmentKind = "system" if role in ("system", "developer") else "message"
+    for text, suffix, cache in _MESSAGES.get(message, partial(message_blocks, message, where)):
+        b.add(text, f"{where} {role}{suffix}", kind, role=role, message=i, cache_control=cache)
 
 
 def render_chat(request: PromptRequest) -> tuple[str, list[Segment]]:
@@ -155,9 +202,10 @@ def render_chat(request: PromptRequest) -> tuple[str, list[Segment]]:
         schema = dumps(request.response_format, "response_format")
         b.add(IM_START + "schema\n" + schema + "\n" + IM_END, "response_format", "schema")
     if request.system is not None:
-        for j, (text, cache) in enumerate(_content_pieces(request.system, "system")):
-            head = IM_START + "system\n" if j == 0 else ""
-            b.add(head + text + IM_END, f"system[{j}]", "system", role="system", cache_control=cache)
+        pieces = _content_pieces(request.system, "system")
+        for j, (text, _, cache) in enumerate(pieces):
+            text = (IM_START + "system\n" if j == 0 else "") + text + (IM_END if j == len(pieces) - 1 else "")
+            b.add(text, f"system[{j}]", "system", role="system", cache_control=cache)
     for i, message in enumerate(request.messages or []):
         _render_message(b, i, message)
     b.add(GENERATION_PROMPT, "generation prompt", "generation")

@@ -107,8 +107,14 @@ class TiktokenTokenizer:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=self._threads)
 
     def char_offset(self, text: str, ids: Sequence[int], k: int) -> int:
-        # A token may start inside a multi-byte character: count only whole characters before it.
-        return len(self._enc.decode_bytes(ids[:k]).decode("utf-8", "ignore"))
+        # Decode the shorter side of token k to find its byte offset; a token may start
+        # inside a multi-byte character, so count only the whole characters before it.
+        data = text.encode("utf-8")
+        if k <= len(ids) - k:
+            offset = len(self._enc.decode_bytes(ids[:k]))
+        else:
+            offset = len(data) - len(self._enc.decode_bytes(ids[k:]))
+        return len(data[:offset].decode("utf-8", "ignore"))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode_bytes(ids).decode("utf-8", "replace")

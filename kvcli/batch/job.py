@@ -21,8 +21,9 @@ from typing import Any
 from kvcli.batch.encode import PromptEncoder
 from kvcli.batch.output import ResultFormatter, engine_failure
 from kvcli.batch.parse import ParseOptions, parse_line
-from kvcli.batch.records import FailedLine, LineError, LineRequest
+from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest
 from kvcli.batch.report import Reporter
+from kvcli.batch.seen import SeenIds
 from kvcli.batch.signals import StopSignal
 from kvcli.batch.source import RawLine
 from kvcli.batch.summary import RunCounters
@@ -73,7 +74,7 @@ class BatchJob:
         self.counters = counters or RunCounters()
         self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
         self._pending: dict[str, tuple[int, LineRequest]] = {}  # engine id -> (seq, request)
-        self._first_line_of: dict[str, int] = {}  # id -> first line using it (duplicates)
+        self._seen = SeenIds()  # ids of earlier lines (duplicates)
         self._warned_fields: set[str] = set()
         self._exhausted = False
         self._failed_fast = False
@@ -96,11 +97,11 @@ class BatchJob:
                           self.counters)
 
     def _loop(self, stop: StopSignal) -> None:
-        while not (stop or self._failed_fast):
+        while True:
             self._admit(stop)
-            if not self.engine.has_unfinished():
-                # Admission only pauses while the engine has work, so this is the end.
-                break
+            # Admission only pauses while the engine has work, so an idle engine is the end.
+            if stop or self._failed_fast or not self.engine.has_unfinished():
+                return
             for out in self.engine.step():
                 self._finish(out)
 
@@ -128,7 +129,7 @@ class BatchJob:
             self.counters.skipped += 1
             self.reporter.advance(self.counters)
             return
-        self._note_duplicate(key, raw.line_no)
+        self._note_duplicate(parsed.ident)
         seq = self.writer.reserve()
         if isinstance(parsed, FailedLine):
             self._fail(seq, parsed)
@@ -173,13 +174,13 @@ class BatchJob:
             raise OutputError(err) from None
         self.reporter.advance(self.counters)
 
-    def _note_duplicate(self, key: str, line_no: int) -> None:
-        first = self._first_line_of.setdefault(key, line_no)
-        if first != line_no:
+    def _note_duplicate(self, ident: LineId) -> None:
+        first = self._seen.add(ident)
+        if first is not None:
             self.counters.duplicates += 1
-            self.reporter.error(f"{self.opts.input_name}:{line_no}: id {key!r} already used on "
-                                f"line {first}; both run, but --resume treats the id as done "
-                                "once either result is written")
+            self.reporter.error(f"{self.opts.input_name}:{ident.line_no}: id {ident.key!r} already "
+                                f"used on line {first}; both run, but --resume treats the id as "
+                                "done once either result is written")
 
     def _warn_ignored(self, req: LineRequest, line_no: int) -> None:
         for name in req.ignored_fields:

@@ -21,10 +21,6 @@ class Style(enum.Enum):
     CHAT = "chat"  # OpenAI Batch line for /v1/chat/completions
     COMPLETION = "completion"  # OpenAI Batch line for /v1/completions
 
-    @property
-    def is_openai(self) -> bool:
-        return self is not Style.PLAIN
-
 
 @dataclass(slots=True)
 class PromptSpec:

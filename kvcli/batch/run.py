@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -20,7 +20,13 @@ from kvcli.batch.output import ResultFormatter
 from kvcli.batch.parse import ParseOptions
 from kvcli.batch.report import Reporter
 from kvcli.batch.resume import ResumeState, scan_output
-from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, count_lines, iter_lines, open_input
+from kvcli.batch.source import (
+    DEFAULT_MAX_LINE_BYTES,
+    RawLine,
+    count_lines,
+    iter_lines,
+    open_input,
+)
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import FdSink, ResultWriter, open_sink
 from kvcli.engine.request import SamplingParams
@@ -101,14 +107,14 @@ def _check_paths(cfg: GenerateConfig) -> None:
     out = str(cfg.output)
     if os.path.isdir(out):
         raise BatchUsageError(f"-o {out}: is a directory")
-    if cfg.input != "-" and os.path.exists(out) and os.path.samefile(out, cfg.input):
+    if os.path.exists(out) and os.path.exists(cfg.input) and os.path.samefile(out, cfg.input):
         raise BatchUsageError("-o names the input file; write the results elsewhere")
     if not (cfg.resume or cfg.overwrite) and os.path.exists(out) and os.path.getsize(out) > 0:
         raise BatchUsageError(f"{out} already has results; continue it with --resume, or "
                               "replace it with --overwrite")
 
 
-def _open(path: str) -> Any:
+def _open(path: str) -> BinaryIO:
     try:
         return open_input(path)
     except IsADirectoryError:
@@ -117,7 +123,7 @@ def _open(path: str) -> Any:
         raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
 
 
-def _first_line(lines: Any, path: str) -> Any:
+def _first_line(lines: Iterator[RawLine], path: str) -> RawLine:
     try:
         first = next(lines, None)
     except OSError as err:
@@ -146,7 +152,8 @@ def _resume(cfg: GenerateConfig) -> ResumeState:
     return state
 
 
-def _run_job(cfg: GenerateConfig, engine: Any, lines: Any, resume: ResumeState) -> int:
+def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
+             resume: ResumeState) -> int:
     try:
         sink = open_sink(cfg.output, append=cfg.resume)
     except OSError as err:
@@ -176,8 +183,9 @@ def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
     summary = build_summary(outcome.counters, engine.stats(), outcome.status, outcome.exit_code)
     if outcome.aborted:
         how = "" if cfg.to_stdout else f"; rerun with --resume -o {cfg.output} to finish"
-        print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} unfinished "
-              f"requests not written{how}", file=sys.stderr)
+        why = "unfinished, or waiting for an earlier one" if cfg.ordered else "unfinished"
+        print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} requests not "
+              f"written ({why}){how}", file=sys.stderr)
     if not cfg.quiet:
         print(format_summary(summary, cfg.output_name), file=sys.stderr)
     if cfg.stats_path:

@@ -7,6 +7,8 @@ are skipped but counted, so ``line-<N>`` ids stay the file's real line numbers.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,10 +63,13 @@ def _skip_rest_of_line(stream: BinaryIO) -> int:
 
 
 def count_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> int | None:
-    """Non-blank lines of a regular file (for the progress bar's total); None for stdin."""
-    if path == "-":
-        return None
+    """Non-blank lines of a regular file (the progress bar's total); None for stdin or a pipe.
+
+    Only a regular file can be read twice: counting a FIFO (``<(...)``) would eat the input.
+    """
     try:
+        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+            return None
         with open(path, "rb") as f:
             return sum(1 for _ in iter_lines(f, max_line_bytes))
     except OSError:

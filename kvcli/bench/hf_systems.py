@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvcli.bench.systems import RunResult, count_new_token_rows
+from kvcli.bench.systems import RunResult, count_new_token_rows, pages_needed
 
 HF_GENERATE = "hf-generate"
 HF_GENERATE_BATCH = "hf-generate-batch"
@@ -134,8 +134,8 @@ class HFGenerateBatchSystem:
         model, counter, pad = self._loaded
         counter.count = 0
         # On CPU the paged cache would otherwise be sized from ~90% of RAM: size it to the work.
-        pages = sum(-(-(len(p) + max_new_tokens) // self.page_size) for p in prompts)
-        cb_config = ContinuousBatchingConfig(page_size=self.page_size, num_blocks=pages + len(prompts),
+        pages = pages_needed(prompts, max_new_tokens, self.page_size)
+        cb_config = ContinuousBatchingConfig(page_size=self.page_size, num_blocks=pages,
                                              max_batch_tokens=self.max_batch_tokens,
                                              allow_block_sharing=True)
         gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvcli.bench.measure import RssTracker, latency_summary, load_average
 from kvcli.bench.systems import KVCLI, BenchSystem, RunResult
-from kvcli.bench.workloads import Workload
+from kvcli.bench.workloads import BenchConfigError, Workload
 
 Progress = Callable[[str], None]
 WARMUP_PROMPTS = 2
@@ -35,7 +35,7 @@ def check_fits(workload: Workload, max_model_len: int) -> None:
     """A clear error before any timing when a prompt cannot fit the model's context."""
     for i, prompt in enumerate(workload.prompts):
         if len(prompt) + workload.max_new_tokens > max_model_len:
-            raise ValueError(
+            raise BenchConfigError(
                 f"workload {workload.name}: prompt {i} has {len(prompt)} tokens + "
                 f"{workload.max_new_tokens} new > the model's context of {max_model_len} "
                 "(lower --scale or --max-tokens)")
@@ -73,7 +73,9 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
             progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
     reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
     entries = [system_entry(name, timed, workload, reference) for name, timed in runs.items()]
-    kv = entries[0]
+    best = {name: min(t.wall_s for t in timed) for name, timed in runs.items()}
+    median = {name: statistics.median(t.wall_s for t in timed) for name, timed in runs.items()}
+    peers = [s.name for s in systems[1:]]
     return {
         "workload": workload.name,
         "description": workload.description,
@@ -84,9 +86,9 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
         "load_avg_start": load_start,
         "load_avg_end": load_average(),
         "systems": entries,
-        "speedup": {e["name"]: round(e["wall_s"] / kv["wall_s"], 3) for e in entries[1:]},
-        "speedup_median": {e["name"]: round(e["wall_s_median"] / kv["wall_s_median"], 3)
-                           for e in entries[1:]},
+        # Ratios of unrounded walls from this same run: > 1 means kvcli was faster.
+        "speedup": {p: round(best[p] / best[KVCLI], 3) for p in peers},
+        "speedup_median": {p: round(median[p] / median[KVCLI], 3) for p in peers},
     }
 
 
@@ -102,9 +104,9 @@ def system_entry(name: str, timed: list[TimedRun], workload: Workload,
     matching = sum(a == b for a, b in zip(res.outputs, reference, strict=True))
     return {
         "name": name,
-        "wall_s": round(best.wall_s, 4),
-        "wall_s_median": round(median, 4),
-        "wall_s_runs": [round(w, 4) for w in walls],
+        "wall_s": round(best.wall_s, 5),
+        "wall_s_median": round(median, 5),
+        "wall_s_runs": [round(w, 5) for w in walls],
         "prompt_tokens": prompt_tokens,
         "prefill_tokens_computed": res.prefill_tokens_computed,
         "cached_tokens": res.cached_tokens,
@@ -112,7 +114,7 @@ def system_entry(name: str, timed: list[TimedRun], workload: Workload,
         "output_tok_s": round(generated / best.wall_s, 2),
         "output_tok_s_median": round(generated / median, 2),
         "total_tok_s": round((prompt_tokens + generated) / best.wall_s, 2),
-        **{k: None if v is None else round(v, 4) for k, v in latency_summary(res.ttfts).items()},
+        **{k: None if v is None else round(v, 6) for k, v in latency_summary(res.ttfts).items()},
         "peak_rss_mb": best.peak_rss_mb,
         "rss_growth_mb": best.rss_growth_mb,
         "kv_utilization": res.kv_utilization,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvcli.bench.workloads import WORKLOAD_NAMES
+from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache")
 DEFAULT_COMPARE = "hf-generate"
@@ -31,11 +31,11 @@ class BenchConfig:
 
 
 def parse_compare(value: str) -> list[str]:
-    """`hf-generate,hf-generate-batch` -> names; '' or 'none' -> []; unknown -> ValueError."""
+    """`hf-generate,hf-generate-batch` -> names; '' or 'none' -> []; unknown -> BenchConfigError."""
     names = [n.strip() for n in value.split(",") if n.strip() and n.strip() != "none"]
     unknown = [n for n in names if n not in PEERS]
     if unknown:
-        raise ValueError(f"unknown system(s) {', '.join(map(repr, unknown))}; "
+        raise BenchConfigError(f"unknown system(s) {', '.join(map(repr, unknown))}; "
                          f"choose from {', '.join(PEERS)}")
     return list(dict.fromkeys(names))
 
@@ -46,7 +46,7 @@ def expand_workloads(names: list[str]) -> list[str]:
     for name in names:
         for item in WORKLOAD_NAMES if name == "all" else (name,):
             if item not in WORKLOAD_NAMES:
-                raise ValueError(f"unknown workload {item!r}; choose from "
+                raise BenchConfigError(f"unknown workload {item!r}; choose from "
                                  f"{', '.join(WORKLOAD_NAMES)} or all")
             if item not in out:
                 out.append(item)

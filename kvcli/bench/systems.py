@@ -3,8 +3,9 @@
 Every system gets the same token ids and the same number of new tokens, greedy,
 with end-of-sequence ignored, so their outputs can be compared token for token.
 Model loading happens once, outside the timed runs; per-run state (kvcli's KV pool
-and prefix cache, transformers' paged cache) is built inside each timed run, so a
-repeat never profits from the previous run's cache.
+and prefix cache, transformers' paged cache) is built inside each timed run, sized
+to the workload by one rule (pages_needed), so a repeat never profits from the
+previous run's cache.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ class BenchSystem(Protocol):
     name: str
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult: ...
+
+
+def pages_needed(prompts: list[list[int]], max_new_tokens: int, page_size: int) -> int:
+    """KV pages (blocks) the workload needs without any sharing, plus one spare per request.
+
+    Every system's cache is sized with this rule: big enough that nothing is preempted
+    or evicted, and no bigger, so no system pays for zeroing a default-sized pool.
+    """
+    return sum(-(-(len(p) + max_new_tokens) // page_size) + 1 for p in prompts)
 
 
 def count_new_token_rows(prompts: list[list[int]], max_new_tokens: int) -> int:
@@ -66,7 +76,9 @@ class KvcliSystem:
 
         start = time.monotonic()
         base = self.base
-        config = replace(base.config, enable_prefix_caching=self.enable_prefix_caching)
+        blocks = pages_needed(prompts, max_new_tokens, base.config.block_size)
+        config = replace(base.config, enable_prefix_caching=self.enable_prefix_caching,
+                         num_blocks=blocks)
         engine = LLMEngine(base.model, base.tokenizer, config, base.eos_token_ids)
         params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
         # The engine's TTFT counts from a request's arrival; shift it to the run's start so

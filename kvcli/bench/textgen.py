@@ -86,8 +86,8 @@ def system_prompt(rng: random.Random, target_tokens: int, count: Callable[[str],
 def question(rng: random.Random, target_tokens: int, count: Callable[[str], int]) -> str:
     """A user question: some context sentences, then the question itself."""
     ask = _fill(rng, rng.choice(QUESTIONS))
-    context = grow_text(rng, CONTEXT, max(1, target_tokens - count(ask)), count)
-    return f"{context} {ask}"
+    missing = target_tokens - count(ask)
+    return f"{grow_text(rng, CONTEXT, missing, count)} {ask}" if missing > 0 else ask
 
 
 def answer(rng: random.Random, target_tokens: int, count: Callable[[str], int]) -> str:

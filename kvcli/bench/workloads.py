@@ -21,6 +21,10 @@ DEFAULT_NEW_TOKENS = {"shared-prefix": 32, "chat-sessions": 32, "distinct": 64, 
 TURNS_PER_SESSION = 4
 
 
+class BenchConfigError(ValueError):
+    """A benchmark option that cannot work (bad name, count or size): a usage error."""
+
+
 @dataclass(slots=True)
 class Workload:
     name: str
@@ -123,11 +127,11 @@ def build_workload(name: str, tokenizer: Any, *, num_prompts: int | None = None,
                    scale: float = 1.0, max_new_tokens: int | None = None) -> Workload:
     """The named workload's prompts as token ids; same arguments, same ids."""
     if name not in _BUILDERS:
-        raise ValueError(f"workload: expected one of {', '.join(WORKLOAD_NAMES)}, got {name!r}")
+        raise BenchConfigError(f"workload: expected one of {', '.join(WORKLOAD_NAMES)}, got {name!r}")
     if num_prompts is not None and num_prompts < 1:
-        raise ValueError(f"num_prompts: expected >= 1, got {num_prompts}")
+        raise BenchConfigError(f"num_prompts: expected >= 1, got {num_prompts}")
     if scale <= 0:
-        raise ValueError(f"scale: expected > 0, got {scale}")
+        raise BenchConfigError(f"scale: expected > 0, got {scale}")
     n = 1 if name == "decode-1" else (num_prompts or DEFAULT_PROMPTS[name])
     # The name is mixed into the seed so workloads do not reuse each other's text.
     builder = _Builder(tokenizer, random.Random(f"{name}:{seed}"), scale)

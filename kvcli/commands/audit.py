@@ -1,11 +1,107 @@
-"""`kvcli audit` (being built: see the issue tracker)."""
+"""`kvcli audit PATH...`: why prompts miss the prefix cache, and exactly where.
+
+Only click and the standard library are imported here; the audit itself
+(kvcli.audit) is imported when the command runs, and never imports torch.
+"""
 
 from __future__ import annotations
 
 import click
 
+PROFILE_NAMES = ("kvcli", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
+ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
-@click.command(context_settings={"ignore_unknown_options": True})
-def audit() -> None:
-    """Not built yet: exits with an error instead of pretending."""
-    raise click.ClickException("'kvcli audit' is not available in this build yet")
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, metavar="PATH...")
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILE_NAMES),
+    default="kvcli",
+    show_default=True,
+    help="Cache rules: this engine, OpenAI (1024-token minimum, 128-token steps) or Anthropic (breakpoints).",
+)
+@click.option(
+    "--tokenizer",
+    "encoding",
+    type=click.Choice(ENCODING_NAMES),
+    default="o200k_base",
+    show_default=True,
+    help="tiktoken encoding (offline) when --model is not given.",
+)
+@click.option(
+    "--model",
+    metavar="DIR|NAME",
+    default=None,
+    help="Use this model's tokenizer and chat template: predicts what `kvcli generate` reuses.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Block size in tokens [default: the profile's; kvcli: 16].",
+)
+@click.option(
+    "--min-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Override the profile's minimum cacheable prefix.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(("text", "json", "jsonl")),
+    default="text",
+    show_default=True,
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write a self-contained HTML report to this file.",
+)
+@click.option(
+    "--show-blocks",
+    is_flag=True,
+    help="List each prompt's block chain: hash, token range, hit/miss.",
+)
+@click.option(
+    "--diff",
+    nargs=2,
+    metavar="A B",
+    default=None,
+    help="Compare two prompts side by side: two files, or two ids/indexes within PATH....",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(("error", "warning", "info", "never")),
+    default="error",
+    show_default=True,
+    help="Exit 1 when a finding at or above this severity exists.",
+)
+@click.option("--strict", is_flag=True, help="Stop with exit 2 at the first malformed record.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Findings shown per rule in the text report.",
+)
+@click.option(
+    "--color/--no-color",
+    default=None,
+    help="Color the text report [default: when stdout is a terminal].",
+)
+@click.pass_context
+def audit(ctx: click.Context, **options: object) -> None:
+    """Audit prompts for prefix-cache misses: where each prompt leaves the longest
+    prefix seen before, why (rules with fixes), and the hit rate a cache would get.
+
+    PATH is a JSONL/JSON file of requests ({"prompt"}, chat {"messages", "tools"},
+    or OpenAI Batch API lines), a .txt/.md prompt, a directory of those, or - for stdin.
+    Exit status: 0 clean, 1 findings at or above --fail-on, 2 bad usage or unreadable input.
+    """
+    from kvcli.audit.command import AuditOptions, run_audit
+
+    ctx.exit(run_audit(AuditOptions(**options)))  # type: ignore[arg-type]

@@ -83,6 +83,7 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
 
 def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
     from kvcli.bench.suite import run_bench
+    from kvcli.bench.workloads import BenchConfigError
     from kvcli.model.resolve import ModelResolveError
 
     def progress(message: str) -> None:
@@ -91,7 +92,7 @@ def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
 
     try:
         return run_bench(cfg, progress)
-    except (ModelResolveError, ValueError) as err:
+    except (ModelResolveError, BenchConfigError) as err:
         raise click.UsageError(str(err)) from None
     except RuntimeError as err:
         raise click.ClickException(str(err)) from None

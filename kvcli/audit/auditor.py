@@ -1,0 +1,229 @@
+"""The audit pipeline: render, tokenize in batches, match against every earlier prompt, run rules.
+
+Prompts stream through in chunks (batch tokenization), one at a time through the
+prefix index in input order, so the cache model is exact for that order and
+memory holds the index, a bounded set of recent texts and small per-prompt results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from kvcli.audit.contrast import Contrast, build_contrast
+from kvcli.audit.excerpt import make_excerpt
+from kvcli.audit.hits import BreakpointCache, BreakpointRead, block_cached_tokens, usable_blocks
+from kvcli.audit.prefix_index import Match, PrefixIndex, token_bytes
+from kvcli.audit.profiles import Profile
+from kvcli.audit.records import (
+    BlockView,
+    Divergence,
+    FieldError,
+    Finding,
+    InputProblem,
+    PromptRequest,
+    PromptResult,
+    RenderedPrompt,
+)  # fmt: skip
+from kvcli.audit.render import render_request
+from kvcli.audit.rules import AuditContext, PromptView, make_rules
+from kvcli.audit.shapes import Conversations, ToolPrinter, shape_of
+from kvcli.audit.template import render_with_template
+from kvcli.audit.textstore import TextStore
+from kvcli.audit.tokenizers import AuditTokenizer, TiktokenTokenizer
+
+
+@dataclass(slots=True)
+class AuditConfig:
+    profile: Profile
+    show_blocks: bool = False
+    excerpts: bool = False  # each prompt's first divergence, both sides (text report, HTML)
+    chunk_size: int = 128
+    text_budget_chars: int = 32_000_000
+
+
+@dataclass(slots=True)
+class Summary:
+    prompts: int = 0
+    tokens: int = 0
+    cached_tokens: int = 0
+    tokens_at_stake: int = 0
+    findings: dict[str, int] = field(default_factory=lambda: {"error": 0, "warning": 0, "info": 0})
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.tokens if self.tokens else 0.0
+
+
+class Auditor:
+    def __init__(self, config: AuditConfig, tokenizer: AuditTokenizer) -> None:
+        self.config = config
+        self.profile = config.profile
+        self.tokenizer = tokenizer
+        self.index = PrefixIndex(self.profile.block_size)
+        self.breakpoints = BreakpointCache(self.profile.lookback_blocks)
+        self.texts = TextStore(config.text_budget_chars)
+        self.summary = Summary()
+        self._ids: list[str | None] = []
+        self._sessions: list[str | None] = []
+        self.conversations = Conversations()
+        self.ctx = AuditContext(
+            self.profile, self.text_of, self._ids.__getitem__, self._sessions.__getitem__, self.conversations
+        )
+        self.rules = make_rules(self.ctx)
+        self._printer = ToolPrinter()
+        self._own_rendering = isinstance(tokenizer, TiktokenTokenizer)
+
+    # ---- public --------------------------------------------------------------
+    def run(
+        self, items: Iterable[PromptRequest | InputProblem], on_problem: Callable[[InputProblem], None]
+    ) -> Iterator[PromptResult]:
+        chunk: list[PromptRequest] = []
+        for item in items:
+            if isinstance(item, InputProblem):
+                on_problem(item)
+                continue
+            chunk.append(item)
+            if len(chunk) >= self.config.chunk_size:
+                yield from self._chunk(chunk, on_problem)
+                chunk = []
+        if chunk:
+            yield from self._chunk(chunk, on_problem)
+
+    def finish(self) -> list[Finding]:
+        return [f for rule in self.rules for f in rule.finish()]
+
+    def text_of(self, index: int) -> str:
+        """An earlier prompt's text: kept if recent, else decoded from its tokens in the index."""
+        text = self.texts.get(index)
+        return text if text is not None else self.tokenizer.decode(self.index.tokens_of(index))
+
+    # ---- pipeline ------------------------------------------------------------
+    def _render(self, index: int, request: PromptRequest) -> RenderedPrompt:
+        if self._own_rendering:
+            return render_request(index, request)
+        return render_with_template(index, request, self.tokenizer)
+
+    def _chunk(self, requests: list[PromptRequest], on_problem: Callable[[InputProblem], None]) -> Iterator[PromptResult]:
+        rendered: list[RenderedPrompt] = []
+        for request in requests:
+            try:
+                rendered.append(self._render(self.summary.prompts + len(rendered), request))
+            except FieldError as err:
+                on_problem(InputProblem(request.source, str(err)))
+        for prompt, (ids, ends) in zip(rendered, self._tokenize(rendered), strict=True):
+            yield self._audit(prompt, ids, ends)
+
+    def _tokenize(self, prompts: list[RenderedPrompt]) -> list[tuple[list[int], list[int]]]:
+        """Token ids and the token end of each segment (exact only when counted per segment)."""
+        if self.profile.per_segment_tokens:
+            pieces = [p.text[s.start : s.end] for p in prompts for s in p.segments]
+            encoded = iter(self.tokenizer.encode_batch(pieces, add_special_tokens=False))
+            out = []
+            for p in prompts:
+                ids: list[int] = []
+                ends = []
+                for _ in p.segments:
+                    ids.extend(next(encoded))
+                    ends.append(len(ids))
+                out.append((ids, ends))
+            return out
+        result: list[tuple[list[int], list[int]]] = [([], [])] * len(prompts)
+        for flag in (False, True):
+            group = [i for i, p in enumerate(prompts) if p.add_special_tokens == flag]
+            if group:
+                encoded = self.tokenizer.encode_batch([prompts[i].text for i in group], add_special_tokens=flag)
+                for i, ids in zip(group, encoded, strict=True):
+                    result[i] = (ids, [])
+        return result
+
+    def _cached(self, prompt: RenderedPrompt, ids: list[int], ends: list[int], match: Match, min_tokens: int) -> tuple[int, BreakpointRead | None]:
+        profile = self.profile
+        if profile.hit_model == "blocks":
+            return block_cached_tokens(match.blocks, len(ids), profile.block_size, profile.keep_last_token, min_tokens), None
+        marked = [j for j, s in enumerate(prompt.segments) if s.cache_control]
+        if not marked:  # automatic caching: the breakpoint sits on the last block before generation
+            content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]
+            marked = content[-1:]
+        read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens)
+        return read.cached, read
+
+    def _audit(self, prompt: RenderedPrompt, ids: list[int], ends: list[int]) -> PromptResult:
+        request, bs = prompt.request, self.profile.block_size
+        raw = token_bytes(ids)
+        shape = shape_of(prompt, self._printer)
+        previous = self.conversations.previous(shape) if shape is not None else None
+        hint = previous.index if previous is not None else prompt.index - 1
+        match = self.index.match(ids, raw, request.cache_salt, hint)
+        min_tokens = self.profile.min_tokens_for(request.model)
+        cached, read = self._cached(prompt, ids, ends, match, min_tokens)
+        divergence = None
+        if match.against is not None:
+            char = self.tokenizer.char_offset(prompt.text, ids, match.lcp)
+            divergence = Divergence(match.lcp, match.lcp // bs, char, match.against, self._ids[match.against])
+        view = PromptView(
+            prompt, len(ids), cached, match.lcp, min_tokens, divergence, shape,
+            self._contrast_factory(prompt, divergence),
+            breakpoint_reachable=read.reachable if read else 0, breakpoints=read.breakpoints if read else 0,
+        )  # fmt: skip
+        self._ids.append(request.id)
+        self._sessions.append(request.session)
+        self._run_rules(view)
+        self.index.insert(prompt.index, raw, request.cache_salt, match)
+        self.texts.put(prompt.index, prompt.text)
+        if view.shape is not None:
+            self.conversations.record(view.shape)
+        return self._result(view, match)
+
+    def _contrast_factory(self, prompt: RenderedPrompt, divergence: Divergence | None) -> Callable[[], Contrast | None]:
+        def build() -> Contrast | None:
+            if divergence is None:
+                return None
+            return build_contrast(prompt.text, self.text_of(divergence.against), divergence.against, divergence.char)
+
+        return build
+
+    def _run_rules(self, view: PromptView) -> None:
+        explained = False  # the first divergence rule that explains the divergence claims it
+        for rule in self.rules:
+            if rule.phase == "divergence" and explained:
+                continue
+            found = rule.check(view)
+            explained = explained or (bool(found) and rule.phase == "divergence")
+            view.findings.extend(found)
+
+    def _result(self, view: PromptView, match: Match) -> PromptResult:
+        prompt, request = view.rendered, view.rendered.request
+        stake = max((f.tokens_at_stake for f in view.findings if f.severity != "info"), default=0)
+        stake = min(stake, max(0, view.tokens - view.cached))
+        s = self.summary
+        s.prompts += 1
+        s.tokens += view.tokens
+        s.cached_tokens += view.cached
+        s.tokens_at_stake += stake
+        for f in view.findings:
+            s.findings[f.severity] += 1
+        result = PromptResult(
+            prompt.index, request.id, request.source, request.session, view.tokens, view.cached,
+            view.divergence, view.findings, tokens_at_stake=stake,
+            matched_tokens=max(view.cached, match.blocks * self.profile.block_size if self.profile.hit_model == "blocks" else 0),
+        )  # fmt: skip
+        if self.config.show_blocks:
+            result.blocks = self._blocks(view, match)
+        if self.config.excerpts:
+            contrast = view.contrast()
+            if contrast is not None and not contrast.other_ends_first:
+                result.excerpt = make_excerpt(contrast.this, contrast.start, contrast.other, against=contrast.against)
+        return result
+
+    def _blocks(self, view: PromptView, match: Match) -> list[BlockView]:
+        bs, profile = self.profile.block_size, self.profile
+        usable = usable_blocks(match.blocks, view.tokens, bs, profile.keep_last_token)
+        blocks = []
+        for j, h in enumerate(match.hashes):
+            if profile.hit_model == "blocks":
+                state = "hit" if j < usable and view.cached else "capped" if j < match.blocks else "miss"
+            else:
+                state = "hit" if (j + 1) * bs <= view.cached else "miss"
+            blocks.append(BlockView(h.hex()[:8], j * bs, (j + 1) * bs, state))
+        return blocks

@@ -1,0 +1,178 @@
+"""What `kvcli audit` does once its options are parsed: read, audit, report, exit status."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import click
+
+from kvcli.audit.auditor import AuditConfig, Auditor
+from kvcli.audit.parse import to_request
+from kvcli.audit.profiles import get_profile
+from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
+from kvcli.audit.report_diff import diff_lines
+from kvcli.audit.report_html import html_page
+from kvcli.audit.report_json import document, jsonl_line
+from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
+from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
+from kvcli.audit.style import Style
+from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class AuditOptions:
+    paths: tuple[str, ...]
+    profile: str = "kvcli"
+    encoding: str = "o200k_base"
+    model: str | None = None
+    block_size: int | None = None
+    min_tokens: int | None = None
+    fmt: str = "text"
+    html_path: str | None = None
+    show_blocks: bool = False
+    diff: tuple[str, str] | None = None
+    fail_on: str = "error"
+    strict: bool = False
+    limit: int = 5
+    color: bool | None = None
+
+
+class StopAudit(Exception):
+    """--strict met a malformed record."""
+
+
+def _error(message: str) -> None:
+    click.echo(f"kvcli audit: error: {message}", err=True)
+
+
+def _requests(paths: list[str], stdin: IO[bytes] | None) -> Iterator[PromptRequest | InputProblem]:
+    for item in iter_records(paths, stdin):
+        yield to_request(item.value, item.where, item.is_text) if isinstance(item, RawRecord) else item
+
+
+def _select(items: list[PromptRequest], key: str) -> PromptRequest:
+    """A prompt of the input by id, else by 0-based index."""
+    for request in items:
+        if request.id == key:
+            return request
+    if key.isdigit() and int(key) < len(items):
+        return items[int(key)]
+    raise InputError(f"--diff {key}: no prompt with that id or index (the input has {len(items)})")
+
+
+def _diff_requests(opts: AuditOptions, stdin: IO[bytes] | None, on_problem) -> list[PromptRequest]:  # noqa: ANN001
+    assert opts.diff is not None
+    if not opts.paths:
+        picked = []
+        for spec in opts.diff:
+            found = [r for r in _requests(check_paths([spec]), stdin) if _keep(r, on_problem)]
+            if not found:
+                raise InputError(f"--diff {spec}: no prompt in it")
+            picked.append(found[0])
+        return picked
+    items = [r for r in _requests(check_paths(opts.paths), stdin) if _keep(r, on_problem)]
+    return [_select(items, key) for key in opts.diff]
+
+
+def _keep(item: PromptRequest | InputProblem, on_problem) -> bool:  # noqa: ANN001
+    if isinstance(item, InputProblem):
+        on_problem(item)
+        return False
+    return True
+
+
+def _exit_status(findings: list[Finding], fail_on: str) -> int:
+    if fail_on == "never":
+        return EXIT_OK
+    worst = max((SEVERITY_RANK[f.severity] for f in findings), default=-1)
+    return EXIT_FINDINGS if worst >= SEVERITY_RANK[fail_on] else EXIT_OK
+
+
+def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes] | None = None) -> int:
+    stdin = stdin if stdin is not None else sys.stdin.buffer
+    out = out if out is not None else sys.stdout.buffer
+    if not opts.paths and not opts.diff:
+        _error("give at least one PATH (a file, a directory, or - for stdin); see --help")
+        return EXIT_USAGE
+    if list(opts.paths).count("-") > 1:
+        _error("- (stdin) can be given only once")
+        return EXIT_USAGE
+    try:
+        return _run(opts, stdin, out)
+    except (InputError, TokenizerLoadError, ValueError) as err:
+        _error(str(err))
+        return EXIT_USAGE
+    except StopAudit:
+        return EXIT_USAGE
+    except BrokenPipeError:
+        sys.stderr.close()  # reader went away (| head): nothing left to say
+        return EXIT_OK
+
+
+def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
+    profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens)
+    paths = check_paths(opts.paths) if not opts.diff else []
+    tokenizer = load_tokenizer(opts.encoding, opts.model)
+    problems: list[InputProblem] = []
+
+    def on_problem(problem: InputProblem) -> None:
+        problems.append(problem)
+        click.echo(f"kvcli audit: {problem}", err=True)
+        if opts.strict:
+            raise StopAudit
+
+    excerpts = bool(opts.html_path or opts.diff)
+    config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts)
+    auditor = Auditor(config, tokenizer)
+    source = _diff_requests(opts, stdin, on_problem) if opts.diff else _requests(paths, stdin)
+    results: list[PromptResult] = []
+    for result in auditor.run(source, on_problem):
+        if opts.fmt == "jsonl":
+            out.write(jsonl_line(result))
+        results.append(result)
+    findings = [f for r in results for f in r.findings] + auditor.finish()
+    if len(results) < (2 if opts.diff else 1):
+        _error("no prompts to audit" + (" (every record was malformed)" if problems else ""))
+        return EXIT_USAGE
+    _report(opts, auditor, tokenizer.name, results, findings, problems, out)
+    return _exit_status(findings, opts.fail_on)
+
+
+def _report(
+    opts: AuditOptions,
+    auditor: Auditor,
+    tokenizer: str,
+    results: list[PromptResult],
+    findings: list[Finding],
+    problems: list[InputProblem],
+    out: IO[bytes],
+) -> None:
+    profile, summary = auditor.profile, auditor.summary
+    if opts.html_path:
+        page = html_page(tokenizer, profile, summary, results, findings, problems)
+        Path(opts.html_path).write_text(page, encoding="utf-8")
+        click.echo(f"kvcli audit: wrote {opts.html_path}", err=True)
+    if opts.fmt == "json":
+        out.write(document(tokenizer, profile, summary, results, findings, problems))
+    elif opts.fmt == "text":
+        color = opts.color
+        if color is None:
+            color = out is sys.stdout.buffer and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        style = Style(color)
+        if opts.diff:
+            lines = diff_lines(results[0], results[1], style)
+        else:
+            sources = {r.index: r.source for r in results}
+            lines = summary_lines(tokenizer, profile, summary, len(problems), style)
+            lines += findings_lines(findings, sources, opts.limit, style)
+            if opts.show_blocks:
+                lines += blocks_lines(results, style)
+        out.write(("\n".join(lines) + "\n").encode("utf-8"))
+    out.flush()

@@ -1,0 +1,156 @@
+"""Request shapes: per-tool and per-message fingerprints, and which earlier request a
+request should extend (its conversation's previous request).
+
+Only fingerprints are kept (not texts), one shape per open conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcli.audit.records import RenderedPrompt
+from kvcli.audit.render import compact_key, dumps, tool_name
+
+
+def digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def canonical(value: Any) -> bytes:
+    """Fingerprint of a JSON value regardless of key order and separators."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (RecursionError, ValueError, TypeError):
+        text = repr(value)
+    return digest(text)
+
+
+@dataclass(slots=True)
+class ToolPrint:
+    name: str
+    raw: bytes  # the definition as rendered (key order included)
+    canonical: bytes  # the definition, key order ignored
+    fields: dict[str, bytes]  # canonical fingerprint per field (description, parameters, ...)
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class MessagePrint:
+    role: str
+    digest: int  # exactly as rendered (Python's str hash: equality within one run is all it serves)
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class RequestShape:
+    index: int
+    id: str | None
+    session: str | None
+    model: str | None
+    tools: list[ToolPrint] = field(default_factory=list)
+    messages: list[MessagePrint] = field(default_factory=list)
+
+    @property
+    def opening(self) -> int | None:
+        """The first non-system message: what identifies a conversation without a session key."""
+        return next((m.digest for m in self.messages if m.role not in ("system", "developer")), None)
+
+    def non_system(self) -> set[int]:
+        return {m.digest for m in self.messages if m.role not in ("system", "developer")}
+
+
+def _tool_fields(tool: Any) -> dict[str, bytes]:
+    if not isinstance(tool, dict):
+        return {}
+    body = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    return {key: canonical(value) for key, value in body.items()}
+
+
+class ToolPrinter:
+    """Tool fingerprints, memoized by rendered text: the same tools repeat in every request."""
+
+    __slots__ = ("_memo",)
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._memo: dict[bytes, tuple[bytes, bytes, dict[str, bytes]]] = {}
+
+    def __call__(self, tool: Any) -> tuple[bytes, bytes, dict[str, bytes]]:
+        """(as rendered, canonical, per field) fingerprints of one tool definition."""
+        key = compact_key(tool)
+        raw = digest(key.decode() if key is not None else dumps(tool, "tool"))
+        found = self._memo.get(raw)
+        if found is None:
+            if len(self._memo) >= self.LIMIT:
+                self._memo.clear()
+            found = self._memo[raw] = (raw, canonical(tool), _tool_fields(tool))
+        return found
+
+
+def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | None:
+    request = rendered.request
+    if not request.is_chat:
+        return None
+    shape = RequestShape(rendered.index, request.id, request.session, request.model)
+    tools = request.tools or []
+    spans = [(s.start, s.end) for s in rendered.segments if s.kind == "tools"]
+    if len(spans) != len(tools):  # a model's template renders all tools in one header
+        spans = [spans[0] if spans else (0, 0)] * len(tools)
+    for tool, (start, end) in zip(tools, spans, strict=True):
+        raw, whole, fields = printer(tool)
+        shape.tools.append(ToolPrint(tool_name(tool), raw, whole, fields, start, end))
+    spans: dict[int, list[int]] = {}
+    roles: dict[int, str] = {}
+    for seg in rendered.segments:
+        if seg.message is not None:
+            span = spans.setdefault(seg.message, [seg.start, seg.end])
+            span[1] = seg.end
+            roles[seg.message] = seg.role or "?"
+    for i in sorted(spans):
+        start, end = spans[i]
+        shape.messages.append(MessagePrint(roles[i], hash(rendered.text[start:end]), start, end))
+    return shape
+
+
+class Conversations:
+    """The previous request of each conversation: by session key, else by opening message."""
+
+    __slots__ = ("_by_session", "_by_opening", "last_chat")
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, RequestShape] = {}
+        self._by_opening: dict[int, RequestShape] = {}
+        self.last_chat: RequestShape | None = None
+
+    def previous(self, shape: RequestShape) -> RequestShape | None:
+        """The request this one should extend, if any (it must share a non-system message)."""
+        if shape.session is not None:
+            prev = self._by_session.get(shape.session)
+        else:
+            opening = shape.opening
+            prev = self._by_opening.get(opening) if opening is not None else None
+        if prev is None or not (prev.non_system() & shape.non_system()):
+            return None
+        return prev
+
+    def previous_tools(self, shape: RequestShape) -> RequestShape | None:
+        """The request whose tools this one should repeat: its session's last, else the stream's last."""
+        if shape.session is not None:
+            return self._by_session.get(shape.session)
+        return self.last_chat
+
+    def previous_in_session(self, shape: RequestShape) -> RequestShape | None:
+        return self._by_session.get(shape.session) if shape.session is not None else None
+
+    def record(self, shape: RequestShape) -> None:
+        if shape.session is not None:
+            self._by_session[shape.session] = shape
+        opening = shape.opening
+        if opening is not None:
+            self._by_opening[opening] = shape
+        self.last_chat = shape
