@@ -72,3 +72,18 @@ def test_greedy_equals_transformers(family_setup, config):
         assert stats["cached_tokens"] == 0
     if config == "preemption":
         assert stats["preemptions"] > 0
+
+
+def test_shared_prefix_cascade_equals_transformers(tiny_models):
+    """All decoding sequences share a cached prefix: decode attends it once (cascade)."""
+    model_dir = tiny_models["llama-gqa"]
+    ref = HFReference(model_dir, MAX_NEW)
+    llm = LLM(str(model_dir), block_size=BLOCK)
+    rng = random.Random(7)
+    shared = [rng.randrange(3, llm.engine.vocab_size) for _ in range(26)]
+    prompts = [shared + [rng.randrange(3, llm.engine.vocab_size) for _ in range(n)]
+               for n in (1, 3, 4, 9, 17)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, ignore_eos=True))
+    ties = sum(compare(ref, p, o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True))
+    assert ties <= 1
+    assert [o.num_cached_tokens for o in outs] == [0, 24, 24, 24, 24]

@@ -8,6 +8,7 @@ memory holds the index, a bounded set of recent texts and small per-prompt resul
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvcli.audit.contrast import Contrast, build_contrast
@@ -31,6 +32,8 @@ from kvcli.audit.shapes import Conversations, ToolPrinter, shape_of
 from kvcli.audit.template import render_with_template
 from kvcli.audit.textstore import TextStore
 from kvcli.audit.tokenizers import AuditTokenizer, TiktokenTokenizer
+
+Tokens = tuple[list[int], list[int]]  # token ids, and the token end of each segment (per-segment mode)
 
 
 @dataclass(slots=True)
@@ -73,11 +76,28 @@ class Auditor:
         self.rules = make_rules(self.ctx)
         self._printer = ToolPrinter()
         self._own_rendering = isinstance(tokenizer, TiktokenTokenizer)
+        self._rendered = 0  # prompts rendered so far: the next prompt's index
 
     # ---- public --------------------------------------------------------------
     def run(
         self, items: Iterable[PromptRequest | InputProblem], on_problem: Callable[[InputProblem], None]
     ) -> Iterator[PromptResult]:
+        """Results in input order. Tokenizing chunk k+1 (a background thread: tokenizers release
+        the GIL) overlaps with auditing chunk k, so the audit costs little more than tokenizing."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvcli-audit-tokenize") as pool:
+            pending: tuple[list[RenderedPrompt], Future[list[Tokens]]] | None = None
+            for chunk in self._chunks(items, on_problem):
+                rendered = self._render_all(chunk, on_problem)
+                submitted = (rendered, pool.submit(self._tokenize, rendered))
+                if pending is not None:
+                    yield from self._audit_all(*pending)
+                pending = submitted
+            if pending is not None:
+                yield from self._audit_all(*pending)
+
+    def _chunks(
+        self, items: Iterable[PromptRequest | InputProblem], on_problem: Callable[[InputProblem], None]
+    ) -> Iterator[list[PromptRequest]]:
         chunk: list[PromptRequest] = []
         for item in items:
             if isinstance(item, InputProblem):
@@ -85,10 +105,10 @@ class Auditor:
                 continue
             chunk.append(item)
             if len(chunk) >= self.config.chunk_size:
-                yield from self._chunk(chunk, on_problem)
+                yield chunk
                 chunk = []
         if chunk:
-            yield from self._chunk(chunk, on_problem)
+            yield chunk
 
     def finish(self) -> list[Finding]:
         return [f for rule in self.rules for f in rule.finish()]
@@ -104,17 +124,21 @@ class Auditor:
             return render_request(index, request)
         return render_with_template(index, request, self.tokenizer)
 
-    def _chunk(self, requests: list[PromptRequest], on_problem: Callable[[InputProblem], None]) -> Iterator[PromptResult]:
+    def _render_all(self, requests: list[PromptRequest], on_problem: Callable[[InputProblem], None]) -> list[RenderedPrompt]:
         rendered: list[RenderedPrompt] = []
         for request in requests:
             try:
-                rendered.append(self._render(self.summary.prompts + len(rendered), request))
+                rendered.append(self._render(self._rendered, request))
+                self._rendered += 1
             except FieldError as err:
                 on_problem(InputProblem(request.source, str(err)))
-        for prompt, (ids, ends) in zip(rendered, self._tokenize(rendered), strict=True):
+        return rendered
+
+    def _audit_all(self, rendered: list[RenderedPrompt], tokens: Future[list[Tokens]]) -> Iterator[PromptResult]:
+        for prompt, (ids, ends) in zip(rendered, tokens.result(), strict=True):
             yield self._audit(prompt, ids, ends)
 
-    def _tokenize(self, prompts: list[RenderedPrompt]) -> list[tuple[list[int], list[int]]]:
+    def _tokenize(self, prompts: list[RenderedPrompt]) -> list[Tokens]:
         """Token ids and the token end of each segment (exact only when counted per segment)."""
         if self.profile.per_segment_tokens:
             pieces = [p.text[s.start : s.end] for p in prompts for s in p.segments]

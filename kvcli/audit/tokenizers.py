@@ -101,7 +101,8 @@ class TiktokenTokenizer:
             )
         self.name = name
         self._enc = _encoding(name)
-        self._threads = threads or min(8, os.cpu_count() or 1)
+        # The audit's own work runs on one core next to the tokenizer (see Auditor.run).
+        self._threads = threads or max(1, min(8, (os.cpu_count() or 1) - 1))
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=self._threads)

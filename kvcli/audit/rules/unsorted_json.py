@@ -104,7 +104,7 @@ class JsonConsistency(Rule):
         calls = []
         messages = view.rendered.request.messages or []
         prints = view.shape.messages if view.shape else []
-        for i, (message, printed) in enumerate(zip(messages, prints, strict=False)):
+        for _i, (message, printed) in enumerate(zip(messages, prints, strict=False)):
             if printed.digest in self._messages_seen or not message.get("tool_calls"):
                 continue
             if len(self._messages_seen) >= INDEX_LIMIT:
