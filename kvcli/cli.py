@@ -7,7 +7,13 @@ time; torch and transformers are imported inside the command bodies, so
 
 from __future__ import annotations
 
+import os
+
 import click
+
+# Before torch loads (see kvcli/engine/__init__.py): OpenMP threads must not spin-wait
+# while NumPy's OpenBLAS threads work, or a 2-core machine thrashes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from kvcli import __version__
 from kvcli.commands.audit import audit

@@ -213,11 +213,19 @@ class PrefixIndex:
         node = match.node if match.node != _NONE else self._root(salt)
         width = 4 * self.block_size
         hashes, nodes = match.hashes, list(match.nodes)
-        for j in range(match.blocks, len(hashes)):
-            child = self._new_node(raw[j * width : (j + 1) * width], prompt, node, hashes[j])
-            self._attach(node, child)
-            node = child
-            nodes.append(child)
+        new = len(hashes) - match.blocks
+        if new:  # a fresh chain: consecutive node ids, each the only child of the one before
+            first = len(self._tokens)
+            self._tokens.extend(raw[j * width : (j + 1) * width] for j in range(match.blocks, len(hashes)))
+            self._hash.extend(hashes[match.blocks :])
+            self._owner.extend([prompt] * new)
+            self._parent.append(node)
+            self._parent.extend(range(first, first + new - 1))
+            self._first_child.extend(range(first + 1, first + new))
+            self._first_child.append(_NONE)
+            self._attach(node, first)
+            nodes.extend(range(first, first + new))
+            node = first + new - 1
         self._leaf.append(node)
         self._recent[prompt] = (salt, raw, nodes)
         if len(self._recent) > self.RECENT:

@@ -67,6 +67,7 @@ class RenderedPrompt:
     text: str
     segments: list[Segment]
     add_special_tokens: bool = False
+    messages: list[tuple[str, int, int]] = field(default_factory=list)  # (role, start, end) per message
 
     def segment_at(self, char: int) -> Segment | None:
         for seg in self.segments:

@@ -53,6 +53,17 @@ def compact_key(value: Any) -> bytes | None:
         return None  # too deep for orjson's writer: no memo
 
 
+def canonical_json(value: Any) -> str | None:
+    """A JSON value with sorted keys and no whitespace: equal values, equal text (None: unencodable)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):  # deeper than orjson writes, or a huge int
+        try:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except (RecursionError, ValueError, TypeError):
+            return None
+
+
 class JsonMemo:
     """Results of a pure function of a JSON value, keyed by its exact serialization: requests
     repeat the same tools and, turn after turn, the same conversation history."""
@@ -133,27 +144,38 @@ def render_tool_call(call: dict[str, Any], where: str) -> str:
 
 
 class _Builder:
-    __slots__ = ("parts", "pos", "segments")
+    __slots__ = ("parts", "pos", "segments", "messages")
 
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.pos = 0
         self.segments: list[Segment] = []
+        self.messages: list[tuple[str, int, int]] = []  # (role, start, end) per message
 
-    def add(self, text: str, label: str, kind: SegmentKind, **extra: Any) -> None:
+    def add(
+        self, text: str, label: str, kind: SegmentKind, role: str | None = None,
+        message: int | None = None, cache_control: bool = False,
+    ) -> None:  # fmt: skip
         self.parts.append(text)
         start, self.pos = self.pos, self.pos + len(text)
-        self.segments.append(Segment(label, kind, start, self.pos, **extra))
+        self.segments.append(Segment(label, kind, start, self.pos, role, message, cache_control))
 
 
-def _render_tools(b: _Builder, tools: list[Any]) -> None:
+def tool_blocks(tools: list[Any]) -> list[tuple[str, str, bool]]:
+    """(text, label, cache_control) per tool definition, wrapper included."""
+    blocks = []
     last = len(tools) - 1
     for i, tool in enumerate(tools):
         head = IM_START + "tools\n" if i == 0 else ""
         tail = "\n" + (IM_END if i == last else "")
-        line = _TOOLS.get(tool, partial(dumps, tool, f"tools[{i}]"))
         cache = isinstance(tool, dict) and tool.get("cache_control") is not None
-        b.add(head + line + tail, f"tools[{i}] {tool_name(tool)}", "tools", cache_control=cache)
+        blocks.append((head + dumps(tool, f"tools[{i}]") + tail, f"tools[{i}] {tool_name(tool)}", cache))
+    return blocks
+
+
+def _render_tools(b: _Builder, tools: list[Any]) -> None:
+    for text, label, cache in _TOOLS.get(tools, partial(tool_blocks, tools)):
+        b.add(text, label, "tools", None, None, cache)
 
 
 def _content_pieces(content: Any, where: str) -> list[tuple[str, str, bool]]:
@@ -190,11 +212,13 @@ def _render_message(b: _Builder, i: int, message: dict[str, Any]) -> None:
     where = f"messages[{i}]"
     role = message["role"]
     kind: SegmentKind = "system" if role in ("system", "developer") else "message"
+    start = b.pos
     for text, suffix, cache in _MESSAGES.get(message, partial(message_blocks, message, where)):
-        b.add(text, f"{where} {role}{suffix}", kind, role=role, message=i, cache_control=cache)
+        b.add(text, f"{where} {role}{suffix}", kind, role, i, cache)
+    b.messages.append((role, start, b.pos))
 
 
-def render_chat(request: PromptRequest) -> tuple[str, list[Segment]]:
+def render_chat(request: PromptRequest) -> tuple[str, list[Segment], list[tuple[str, int, int]]]:
     b = _Builder()
     if request.tools:
         _render_tools(b, request.tools)
@@ -205,11 +229,11 @@ def render_chat(request: PromptRequest) -> tuple[str, list[Segment]]:
         pieces = _content_pieces(request.system, "system")
         for j, (text, _, cache) in enumerate(pieces):
             text = (IM_START + "system\n" if j == 0 else "") + text + (IM_END if j == len(pieces) - 1 else "")
-            b.add(text, f"system[{j}]", "system", role="system", cache_control=cache)
+            b.add(text, f"system[{j}]", "system", "system", None, cache)
     for i, message in enumerate(request.messages or []):
         _render_message(b, i, message)
     b.add(GENERATION_PROMPT, "generation prompt", "generation")
-    return "".join(b.parts), b.segments
+    return "".join(b.parts), b.segments, b.messages
 
 
 def scrub_surrogates(text: str) -> str:
@@ -226,5 +250,5 @@ def render_request(index: int, request: PromptRequest) -> RenderedPrompt:
     if not request.is_chat:
         text = scrub_surrogates(request.text or "")
         return RenderedPrompt(index, request, text, [Segment("prompt", "text", 0, len(text))], True)
-    text, segments = render_chat(request)
-    return RenderedPrompt(index, request, scrub_surrogates(text), segments, False)
+    text, segments, messages = render_chat(request)
+    return RenderedPrompt(index, request, scrub_surrogates(text), segments, False, messages)

@@ -7,12 +7,12 @@ Only fingerprints are kept (not texts), one shape per open conversation.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kvcli.audit.records import RenderedPrompt
-from kvcli.audit.render import compact_key, dumps, tool_name
+from kvcli.audit.render import JsonMemo, canonical_json, compact_key, dumps, tool_name
 
 
 def digest(text: str) -> bytes:
@@ -21,11 +21,8 @@ def digest(text: str) -> bytes:
 
 def canonical(value: Any) -> bytes:
     """Fingerprint of a JSON value regardless of key order and separators."""
-    try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (RecursionError, ValueError, TypeError):
-        text = repr(value)
-    return digest(text)
+    text = canonical_json(value)
+    return digest(text if text is not None else repr(value))
 
 
 @dataclass(slots=True)
@@ -71,25 +68,28 @@ def _tool_fields(tool: Any) -> dict[str, bytes]:
     return {key: canonical(value) for key, value in body.items()}
 
 
-class ToolPrinter:
-    """Tool fingerprints, memoized by rendered text: the same tools repeat in every request."""
+ToolFacts = tuple[str, bytes, bytes, dict[str, bytes]]  # name, as rendered, canonical, per field
 
-    __slots__ = ("_memo",)
-    LIMIT = 4096
 
-    def __init__(self) -> None:
-        self._memo: dict[bytes, tuple[bytes, bytes, dict[str, bytes]]] = {}
-
-    def __call__(self, tool: Any) -> tuple[bytes, bytes, dict[str, bytes]]:
-        """(as rendered, canonical, per field) fingerprints of one tool definition."""
+def tool_facts(tools: list[Any]) -> list[ToolFacts]:
+    facts = []
+    for tool in tools:
         key = compact_key(tool)
         raw = digest(key.decode() if key is not None else dumps(tool, "tool"))
-        found = self._memo.get(raw)
-        if found is None:
-            if len(self._memo) >= self.LIMIT:
-                self._memo.clear()
-            found = self._memo[raw] = (raw, canonical(tool), _tool_fields(tool))
-        return found
+        facts.append((tool_name(tool), raw, canonical(tool), _tool_fields(tool)))
+    return facts
+
+
+class ToolPrinter:
+    """Tool fingerprints, memoized per tool list: every request repeats the same tools."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        self._memo = JsonMemo(8 << 20)
+
+    def __call__(self, tools: list[Any]) -> list[ToolFacts]:
+        return self._memo.get(tools, partial(tool_facts, tools))
 
 
 def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | None:
@@ -98,22 +98,14 @@ def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | N
         return None
     shape = RequestShape(rendered.index, request.id, request.session, request.model)
     tools = request.tools or []
-    spans = [(s.start, s.end) for s in rendered.segments if s.kind == "tools"]
-    if len(spans) != len(tools):  # a model's template renders all tools in one header
-        spans = [spans[0] if spans else (0, 0)] * len(tools)
-    for tool, (start, end) in zip(tools, spans, strict=True):
-        raw, whole, fields = printer(tool)
-        shape.tools.append(ToolPrint(tool_name(tool), raw, whole, fields, start, end))
-    spans: dict[int, list[int]] = {}
-    roles: dict[int, str] = {}
-    for seg in rendered.segments:
-        if seg.message is not None:
-            span = spans.setdefault(seg.message, [seg.start, seg.end])
-            span[1] = seg.end
-            roles[seg.message] = seg.role or "?"
-    for i in sorted(spans):
-        start, end = spans[i]
-        shape.messages.append(MessagePrint(roles[i], hash(rendered.text[start:end]), start, end))
+    if tools:
+        spans = [(s.start, s.end) for s in rendered.segments if s.kind == "tools"]
+        if len(spans) != len(tools):  # a model's template renders all tools in one header
+            spans = [spans[0] if spans else (0, 0)] * len(tools)
+        for (name, raw, whole, fields), (start, end) in zip(printer(tools), spans, strict=True):
+            shape.tools.append(ToolPrint(name, raw, whole, fields, start, end))
+    text = rendered.text
+    shape.messages = [MessagePrint(role, hash(text[start:end]), start, end) for role, start, end in rendered.messages]
     return shape
 
 

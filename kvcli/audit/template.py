@@ -60,4 +60,6 @@ def render_with_template(index: int, request: PromptRequest, tokenizer: AuditTok
     if text is None:
         raise FieldError("chat template: the tokenizer has no chat template")
     text = scrub_surrogates(text)
-    return RenderedPrompt(index, request, text, _locate(text, messages, bool(request.tools)), False)
+    segments = _locate(text, messages, bool(request.tools))
+    spans = [(s.role or "?", s.start, s.end) for s in segments if s.message is not None]
+    return RenderedPrompt(index, request, text, segments, False, spans)

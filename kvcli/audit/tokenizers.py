@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -79,20 +80,28 @@ def load_ranks(spec: EncodingSpec, gz_path: Path) -> dict[bytes, int]:
 
 
 @lru_cache(maxsize=4)
-def _encoding(name: str) -> Any:
+def _encoding(name: str) -> tuple[Any, array[int]]:
+    """The tiktoken Encoding, and the byte length of every token id (for character offsets
+    without calling into tiktoken, which would wait for the GIL behind the tokenizing thread)."""
     import tiktoken
 
     spec = ENCODINGS[name]
     ranks = load_ranks(spec, bundled_vocab(name))
-    return tiktoken.Encoding(
+    encoding = tiktoken.Encoding(
         spec.name, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=spec.special_tokens
     )
+    lengths = array("H", bytes(2 * (encoding.max_token_value + 1)))
+    for token, rank in ranks.items():
+        lengths[rank] = len(token)
+    for token, rank in spec.special_tokens.items():
+        lengths[rank] = len(token.encode("utf-8"))
+    return encoding, lengths
 
 
 class TiktokenTokenizer:
     """o200k_base / cl100k_base. Special-token text is encoded as ordinary text, as APIs do."""
 
-    __slots__ = ("name", "_enc", "_threads")
+    __slots__ = ("name", "_enc", "_lengths", "_threads")
 
     def __init__(self, name: str = DEFAULT_ENCODING, threads: int | None = None) -> None:
         if name not in ENCODINGS:
@@ -100,7 +109,7 @@ class TiktokenTokenizer:
                 f"--tokenizer {name}: unknown encoding; expected one of {', '.join(ENCODINGS)}"
             )
         self.name = name
-        self._enc = _encoding(name)
+        self._enc, self._lengths = _encoding(name)
         # The audit's own work runs on one core next to the tokenizer (see Auditor.run).
         self._threads = threads or max(1, min(8, (os.cpu_count() or 1) - 1))
 
@@ -108,13 +117,14 @@ class TiktokenTokenizer:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=self._threads)
 
     def char_offset(self, text: str, ids: Sequence[int], k: int) -> int:
-        # Decode the shorter side of token k to find its byte offset; a token may start
-        # inside a multi-byte character, so count only the whole characters before it.
+        # Sum token byte lengths on the shorter side of token k; a token may start inside
+        # a multi-byte character, so count only the whole characters before it.
         data = text.encode("utf-8")
+        length = self._lengths.__getitem__
         if k <= len(ids) - k:
-            offset = len(self._enc.decode_bytes(ids[:k]))
+            offset = sum(map(length, ids[:k]))
         else:
-            offset = len(data) - len(self._enc.decode_bytes(ids[k:]))
+            offset = len(data) - sum(map(length, ids[k:]))
         return len(data[:offset].decode("utf-8", "ignore"))
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -115,6 +115,11 @@ class HFGenerateSystem:
                          details={"batch_size": self.batch_size})
 
 
+def _drop_psutil_notes(record: logging.LogRecord) -> bool:
+    """generate_batch logs an ERROR on every CPU run without psutil (memory probing only)."""
+    return "psutil" not in record.getMessage()
+
+
 @dataclass(slots=True)
 class HFGenerateBatchSystem:
     """transformers' continuous batching (generate_batch) with paged attention and block sharing."""
@@ -141,15 +146,14 @@ class HFGenerateBatchSystem:
         gen_config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
                                       eos_token_id=-1, pad_token_id=pad)  # -1: no EOS
         cb_logger = logging.getLogger(_CB_LOGGER)
-        level = cb_logger.level
-        cb_logger.setLevel(logging.CRITICAL)  # it logs an ERROR on every CPU run (no psutil)
+        cb_logger.addFilter(_drop_psutil_notes)
         try:
             start = time.perf_counter()
             results = model.generate_batch(prompts, generation_config=gen_config,
                                            continuous_batching_config=cb_config,
                                            record_timestamps=True, progress_bar=False)
         finally:
-            cb_logger.setLevel(level)
+            cb_logger.removeFilter(_drop_psutil_notes)
         done = [r for r in results.values() if r.error is None]
         if len(done) != len(prompts):
             errors = sorted({str(r.error) for r in results.values() if r.error is not None})

@@ -29,13 +29,6 @@ def decode_at(text: str, start: int) -> tuple[Any, int] | None:
         return None
 
 
-def canonical_text(value: Any) -> str | None:
-    try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (ValueError, RecursionError, TypeError):
-        return None
-
-
 def key_order_path(a: Any, b: Any, path: str = "$", depth: int = 0) -> str | None:
     """Where two equal JSON values first list keys in a different order: '$.x: (b, a) vs (a, b)'."""
     if depth > 64:

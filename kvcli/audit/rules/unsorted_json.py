@@ -12,9 +12,9 @@ from __future__ import annotations
 import orjson
 
 from kvcli.audit.records import Finding
+from kvcli.audit.render import canonical_json
 from kvcli.audit.rules.base import AuditContext, PromptView, Rule, prompt_name
 from kvcli.audit.rules.jsonspan import (
-    canonical_text,
     decode_at,
     difference_kind,
     openers,
@@ -50,8 +50,8 @@ class UnsortedJson(Rule):
             if theirs is None:
                 return []
             a_raw, b_raw = this[opener : mine[1]], other[opener : theirs[1]]
-            same = canonical_text(mine[0])
-            if same is None or same != canonical_text(theirs[0]) or a_raw == b_raw:
+            same = canonical_json(mine[0])
+            if same is None or same != canonical_json(theirs[0]) or a_raw == b_raw:
                 return []
             kind = difference_kind(a_raw, b_raw, mine[0], theirs[0])
             after = common_prefix_length(this[mine[1] :], other[theirs[1] :])
@@ -91,6 +91,9 @@ class JsonConsistency(Rule):
             return []
         found: list[Finding] = []
         for tool in view.shape.tools:
+            if tool.raw in self._raw_seen:
+                continue
+            self._raw_seen.add(tool.raw)
             first = self._remember(tool.canonical, tool.raw, view.index)
             if first[0] != tool.raw and tool.canonical not in self._reported:
                 self._reported.add(tool.canonical)
@@ -128,7 +131,7 @@ class JsonConsistency(Rule):
             value = orjson.loads(text)
         except orjson.JSONDecodeError:
             return []
-        canonical = digest(canonical_text(value) or text)
+        canonical = digest(canonical_json(value) or text)
         first = self._remember(canonical, raw, view.index)
         if first[0] != raw and canonical not in self._reported:
             self._reported.add(canonical)
