@@ -7,6 +7,7 @@ memory holds the index, a bounded set of recent texts and small per-prompt resul
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ class AuditConfig:
     excerpts: bool = False  # each prompt's first divergence, both sides (text report, HTML)
     chunk_size: int = 128
     text_budget_chars: int = 32_000_000
+    # Freeze the cyclic GC's view of everything alive after each chunk: the index and the
+    # results are long-lived and acyclic, and rescanning them grows with the input. Global
+    # to the process, so only the CLI and the benchmark turn it on.
+    freeze_gc: bool = False
 
 
 @dataclass(slots=True)
@@ -92,6 +97,8 @@ class Auditor:
                 if pending is not None:
                     yield from self._audit_all(*pending)
                 pending = submitted
+                if self.config.freeze_gc:
+                    gc.freeze()
             if pending is not None:
                 yield from self._audit_all(*pending)
 

@@ -129,7 +129,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
             raise StopAudit
 
     excerpts = bool(opts.html_path or opts.diff)
-    config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts)
+    config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     auditor = Auditor(config, tokenizer)
     source = _diff_requests(opts, stdin, on_problem) if opts.diff else _requests(paths, stdin)
     results: list[PromptResult] = []

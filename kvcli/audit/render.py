@@ -195,9 +195,11 @@ def message_blocks(message: dict[str, Any], where: str) -> list[tuple[str, str, 
     role = message["role"]
     name = message.get("name")
     head = IM_START + role + (f" name={name}" if isinstance(name, str) else "") + "\n"
-    pieces = _content_pieces(message.get("content"), f"{where}.content")
-    for k, call in enumerate(message.get("tool_calls") or []):
-        sep = "\n" if pieces[-1][0] or k else ""
+    calls = message.get("tool_calls") or []
+    content = message.get("content")
+    pieces = [] if content is None and calls else _content_pieces(content, f"{where}.content")
+    for k, call in enumerate(calls):
+        sep = "\n" if pieces and (pieces[-1][0] or k) else ""
         pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), f" tool_calls[{k}]", False))
     last = len(pieces) - 1
     blocks = []

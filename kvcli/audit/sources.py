@@ -97,8 +97,9 @@ def iter_json_document(data: bytes, name: str) -> Iterator[Item]:
         return
     value = parse_json(text, name)
     if isinstance(value, InputProblem):
-        if "\n" in text.strip() and not text.lstrip().startswith("["):
-            yield from iter_jsonl(data.splitlines(), name)
+        lines = [line for line in data.splitlines() if line.strip()]
+        if len(lines) > 1 and _parses(lines[0].lstrip().removeprefix(codecs.BOM_UTF8))[0]:
+            yield from iter_jsonl(data.splitlines(), name)  # JSONL saved as .json
         else:
             yield value
         return
@@ -121,30 +122,38 @@ def iter_text(data: bytes, name: str) -> Iterator[Item]:
         yield RawRecord(name, text, is_text=True)
 
 
+def _parses(line: bytes) -> tuple[bool, Any]:
+    try:
+        return True, orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False, None
+
+
+def _next_content(stream: IO[bytes]) -> bytes:
+    line = stream.readline()
+    while line and not line.strip():
+        line = stream.readline()
+    return line
+
+
 def iter_sniffed(stream: IO[bytes], name: str) -> Iterator[Item]:
-    """Unknown format (stdin, other suffixes): JSONL if the first line parses as a JSON object,
-    a JSON document if the input starts with '[' or '{' otherwise, else one text prompt."""
-    first = stream.readline()
-    while first and not first.strip():
-        first = stream.readline()
+    """Unknown format (stdin, other suffixes), by its first two non-blank lines: JSON lines if
+    either parses on its own; a JSON document if the input starts with '[' or '{' otherwise
+    (one line, or pretty-printed); anything else is one text prompt."""
+    first = _next_content(stream)
     head = first.lstrip().removeprefix(codecs.BOM_UTF8)
-    if head.startswith(b"{"):
-        try:
-            is_line = isinstance(orjson.loads(head), dict)
-        except orjson.JSONDecodeError:
-            is_line = False
-        if is_line:
-            yield from iter_jsonl(_chain_first(first, stream), name)
-            return
-    rest = first + stream.read()
-    if head.startswith((b"{", b"[")):
-        yield from iter_json_document(rest, name)
+    if not head.startswith((b"{", b"[")):
+        yield from iter_text(first + stream.read(), name)
+        return
+    second = _next_content(stream)
+    if second and (_parses(head)[0] or _parses(second.strip())[0]):
+        yield from iter_jsonl(_chain_first([first, second], stream), name)
     else:
-        yield from iter_text(rest, name)
+        yield from iter_json_document(first + second + stream.read(), name)
 
 
-def _chain_first(first: bytes, stream: IO[bytes]) -> Iterator[bytes]:
-    yield first
+def _chain_first(lines: list[bytes], stream: IO[bytes]) -> Iterator[bytes]:
+    yield from (line for line in lines if line)
     yield from stream
 
 

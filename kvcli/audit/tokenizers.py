@@ -60,23 +60,25 @@ def bundled_vocab(name: str) -> Path:
 
 
 def load_ranks(spec: EncodingSpec, gz_path: Path) -> dict[bytes, int]:
-    """Unzip to a private temp file and load it through tiktoken's hash check."""
-    from tiktoken.load import load_tiktoken_bpe
+    """Unzip, check tiktoken's pinned sha256, and parse with tiktoken's own loader.
+
+    load_tiktoken_bpe checks `expected_hash` only on its caching path, and its cache
+    would keep a copy of every temp file; so the check is made here (with tiktoken's
+    check_hash) and the cache is off while it parses.
+    """
+    from tiktoken.load import check_hash, load_tiktoken_bpe
 
     try:
         data = gzip.decompress(gz_path.read_bytes())
     except (OSError, EOFError) as err:
         raise TokenizerLoadError(f"{gz_path}: cannot read vocabulary: {err}") from err
+    if not check_hash(data, spec.expected_sha256):
+        raise TokenizerLoadError(f"{gz_path}: does not match tiktoken's pinned sha256 for {spec.name}")
     with tempfile.TemporaryDirectory(prefix="kvcli-tiktoken-") as tmp:
         path = Path(tmp) / f"{spec.name}.tiktoken"
         path.write_bytes(data)
-        try:
-            with _tiktoken_cache_disabled():
-                return load_tiktoken_bpe(str(path), expected_hash=spec.expected_sha256)
-        except ValueError as err:
-            raise TokenizerLoadError(
-                f"{gz_path}: does not match tiktoken's pinned sha256 for {spec.name}: {err}"
-            ) from err
+        with _tiktoken_cache_disabled():
+            return load_tiktoken_bpe(str(path), expected_hash=spec.expected_sha256)
 
 
 @lru_cache(maxsize=4)

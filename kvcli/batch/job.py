@@ -8,7 +8,9 @@ are read one at a time, and with ``--ordered`` the window also counts results
 waiting for an earlier one, so at most ``max_pending`` are ever held.
 
 Engine requests are named by their input-order number, not the line's id:
-duplicate ids in the input must not collide inside the engine.
+duplicate ids in the input must not collide inside the engine. The engine is an
+LLMEngine or anything with its interface: ``kvcli generate --ray`` drives a pool
+of Ray actors (kvcli/distributed/pool.py) through this same loop.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from kvcli.batch.encode import PromptEncoder
 from kvcli.batch.output import ResultFormatter, engine_failure
 from kvcli.batch.parse import ParseOptions, parse_line
-from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest
+from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, RejectedRequest
 from kvcli.batch.report import Reporter
 from kvcli.batch.seen import SeenIds
 from kvcli.batch.signals import StopSignal
@@ -142,19 +144,25 @@ class BatchJob:
             self._fail(seq, FailedLine(parsed.ident, parsed.style, err))
             return
         except ValueError as err:  # the engine's own checks ("field: reason")
-            self._fail(seq, FailedLine(parsed.ident, parsed.style, LineError.from_value_error(err)))
+            self._reject(seq, parsed, err)
             return
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
         self._pending[str(seq)] = (seq, parsed)
 
     def _finish(self, out: Any) -> None:
         seq, req = self._pending.pop(out.request_id)
+        if isinstance(out, RejectedRequest):  # add_request's error, from a remote engine
+            self._reject(seq, req, ValueError(out.message))
+            return
         failed = engine_failure(req, out)
         if failed is not None:
             self._fail(seq, failed)
             return
         self.counters.record(out)
         self._emit(seq, self.formatter.success(req, out))
+
+    def _reject(self, seq: int, req: LineRequest, err: ValueError) -> None:
+        self._fail(seq, FailedLine(req.ident, req.style, LineError.from_value_error(err)))
 
     def _fail(self, seq: int, failed: FailedLine) -> None:
         self.counters.failed += 1

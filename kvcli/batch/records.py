@@ -99,3 +99,13 @@ class FailedLine:
     @property
     def describe(self) -> str:
         return str(self.error)
+
+
+@dataclass(slots=True)
+class RejectedRequest:
+    """An engine that checks requests away from the caller (a Ray worker) cannot raise from
+    ``add_request``; it hands the ``ValueError("field: reason")`` back through ``step()`` as this,
+    and the job turns it into the same error result a local engine's exception gives."""
+
+    request_id: str
+    message: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -68,9 +69,30 @@ EngineFactory = Callable[[GenerateConfig], Any]
 
 
 def load_engine(cfg: GenerateConfig) -> Any:
+    """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2)."""
+    from safetensors import SafetensorError
+
     from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
-    return LLMEngine.from_config(EngineConfig(**cfg.engine))
+    try:
+        return LLMEngine.from_config(EngineConfig(**cfg.engine))
+    except (pickle.UnpicklingError, SafetensorError, RuntimeError, MemoryError,
+            AssertionError) as err:  # torch/safetensors' ways to say "cannot use this"
+        raise ValueError(describe_load_failure(err)) from None
+
+
+def describe_load_failure(err: BaseException) -> str:
+    """One line for a failure that torch or safetensors would otherwise print as a traceback."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError):
+        why = next((line.strip() for line in text.splitlines() if "GLOBAL" in line), "")
+        return ("a pickle checkpoint holds more than tensors" + (f" ({why})" if why else "")
+                + "; kvcli loads pickle weights with torch.load(weights_only=True), which "
+                "refuses to run code from the file")
+    if isinstance(err, MemoryError):
+        return "out of memory (lower --num-blocks / --kv-cache-memory)"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def run_generate(cfg: GenerateConfig, engine_factory: EngineFactory | None = None) -> int:

@@ -47,7 +47,9 @@ class RunCounters:
 # engine.stats() keys copied into the summary (see kvcli/engine/metrics.py)
 ENGINE_KEYS = ("prefill_tokens_computed", "prefill_tokens_skipped", "decode_tokens", "preemptions",
                "steps", "forward_s", "num_blocks", "block_size", "peak_blocks_in_use",
-               "peak_kv_utilization", "evicted_blocks", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s")
+               "peak_kv_utilization", "evicted_blocks", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+               # from a pool of engines (--ray): per-worker rows, and one engine's predicted hits
+               "workers", "single_engine_cached_tokens", "single_engine_hit_rate")
 
 
 def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
@@ -87,4 +89,20 @@ def format_summary(s: dict[str, Any], output_name: str) -> str:
                      f"({100 * peak / max(1, s['num_blocks']):.1f}%), "
                      f"{100 * s.get('peak_kv_utilization', 0):.1f}% of their slots filled, "
                      f"{s.get('preemptions', 0)} preemptions")
+    if "workers" in s:
+        lines.extend(_worker_lines(s))
     return "\n".join(lines)
+
+
+def _worker_lines(s: dict[str, Any]) -> list[str]:
+    single = s.get("single_engine_hit_rate")
+    versus = f", one engine would have had {100 * single:.1f}% (predicted)" if single is not None \
+        else ""
+    lines = [f"  workers       {len(s['workers'])}, {100 * s['hit_rate']:.1f}% hit rate together"
+             + versus]
+    for w in s["workers"]:
+        restarts = f", {w['restarts']} restarts" if w["restarts"] else ""
+        lines.append(f"    worker {w['worker']:<5} {w['requests']:,} requests, "
+                     f"{100 * w['hit_rate']:.1f}% hit rate, {w['generated_tok_s']:,.1f} generated "
+                     f"tok/s, {w['busy_s']:.1f} s busy on {w['node']}{restarts}")
+    return lines

@@ -86,6 +86,21 @@ _ENGINE_OPTIONS = [
                  help="Allow loading pickle (.bin/.pt) weights: runs code from the file."),
 ]
 
+_RAY_OPTIONS = [
+    click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+                 metavar="[ADDRESS]",
+                 help="Run on a Ray cluster: ADDRESS as Ray takes it (auto, HOST:6379, "
+                      "ray://HOST:10001); alone, or 'local', start a local Ray instance. "
+                      "Put INPUT before it. Needs: pip install 'kvcli[ray]'."),
+    click.option("--workers", type=click.IntRange(min=1),
+                 help="With --ray: engine actors (default: as many as the cluster's CPUs, or "
+                      "GPUs, allow)."),
+    click.option("--worker-cpus", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                 show_default=True, help="With --ray: CPUs per actor (also its torch threads)."),
+    click.option("--worker-gpus", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                 help="With --ray: GPUs per actor (> 0 runs the engine on cuda)."),
+]
+
 
 def _apply(options: list[Any]) -> Any:
     def decorate(f: Any) -> Any:
@@ -101,6 +116,7 @@ def _apply(options: list[Any]) -> Any:
 @_apply(_JOB_OPTIONS)
 @_apply(_SAMPLING_OPTIONS)
 @_apply(_ENGINE_OPTIONS)
+@_apply(_RAY_OPTIONS)
 @click.pass_context
 def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
     """Generate a completion for every request in the JSONL file INPUT (- for stdin).
@@ -130,10 +146,35 @@ def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
         engine=_engine_options(opts),
     )
     try:
-        code = run_generate(cfg)
+        if opts["ray_address"] is None:
+            _refuse_ray_options_without_ray(ctx)
+            code = run_generate(cfg)
+        else:
+            code = _run_on_ray(cfg, opts)
     except KeyboardInterrupt:  # a second Ctrl-C: stop without waiting for the engine step
         code = EXIT_INTERRUPTED
     ctx.exit(code)
+
+
+def _refuse_ray_options_without_ray(ctx: click.Context) -> None:
+    for name in ("workers", "worker_cpus", "worker_gpus"):
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{name.replace('_', '-')} needs --ray")
+
+
+def _run_on_ray(cfg: Any, opts: dict[str, Any]) -> int:
+    """``--ray``: the same job over Ray actors; Ray is imported only here (an optional extra)."""
+    from kvcli.distributed.options import RayMissingError, RayOptions, require_ray
+
+    try:
+        require_ray()
+    except RayMissingError as err:
+        raise click.UsageError(str(err)) from None
+    from kvcli.distributed.run import run_generate_on_ray
+
+    ray_opts = RayOptions(address=opts["ray_address"], workers=opts["workers"],
+                          worker_cpus=opts["worker_cpus"], worker_gpus=opts["worker_gpus"])
+    return run_generate_on_ray(cfg, ray_opts)
 
 
 def _sampling_defaults(opts: dict[str, Any]) -> Any:

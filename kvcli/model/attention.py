@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kvcli.model.decode_batch import DecodeBatch, build_decode_batch, decode_attention
+from kvcli.model.decode_batch import DecodeBatch, build_decode_batches, decode_attention
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class AttentionMetadata:
     # Masks depend on (sequence, sliding window) only, so the first layer builds them for all others.
     mask_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     block_size: int = 0
-    decode: DecodeBatch | None = None  # single-token sequences, attended in one batched call
+    decode: list[DecodeBatch] = field(default_factory=list)  # batched single-token sequences
 
     @property
     def num_seqs(self) -> int:
@@ -71,7 +71,7 @@ def build_attention_metadata(
         seq_lens=seq_lens,
         context_slots=context_slots,
         block_size=block_size,
-        decode=build_decode_batch(block_tables, seq_lens, query_start_loc, block_size, device),
+        decode=build_decode_batches(block_tables, seq_lens, query_start_loc, block_size, device),
     )
 
 
@@ -147,10 +147,11 @@ class TorchSDPAAttention:
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         batched: set[int] = set()
-        if meta.decode is not None and self.sliding_window is None:
-            rows = meta.decode.rows
-            out[rows] = decode_attention(q[rows], kv_layer, meta.decode, meta.block_size, self.scale)
-            batched = set(meta.decode.seqs)
+        if self.sliding_window is None:
+            for batch in meta.decode:
+                rows = batch.rows
+                out[rows] = decode_attention(q[rows], kv_layer, batch, meta.block_size, self.scale)
+                batched.update(batch.seqs)
         for seq, (start, end) in enumerate(pairwise(meta.query_start_loc)):
             if seq in batched:
                 continue

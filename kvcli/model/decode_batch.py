@@ -41,23 +41,56 @@ def _common_prefix(tables: list[list[int]], limit: int) -> int:
     return n
 
 
-def build_decode_batch(
+def build_decode_batches(
     block_tables: list[list[int]],
     seq_lens: list[int],
     query_start_loc: list[int],
     block_size: int,
     device: torch.device | str,
-) -> DecodeBatch | None:
-    """The step's decode sequences, or None when fewer than two (the per-sequence path is as fast)."""
+) -> list[DecodeBatch]:
+    """The step's decode sequences, grouped by their first block so that each group sharing a
+    cached prefix gets a cascade; the rest form one plain batch. Empty when fewer than two
+    sequences decode (the per-sequence path is as fast then)."""
     seqs = [s for s in range(len(seq_lens)) if query_start_loc[s + 1] - query_start_loc[s] == 1
             and seq_lens[s] > 1]
     if len(seqs) < 2:
-        return None
+        return []
+    groups: dict[int, list[int]] = {}
+    for s in seqs:
+        groups.setdefault(block_tables[s][0], []).append(s)
+    batches, rest = [], []
+    for members in groups.values():
+        batch = None
+        if len(members) >= 2:
+            batch = _make_batch(members, block_tables, seq_lens, query_start_loc, block_size,
+                                device, cascade=True)
+        if batch is not None and batch.prefix_ids is not None:
+            batches.append(batch)
+        else:
+            rest.extend(members)
+    if rest:
+        rest.sort()
+        batches.append(_make_batch(rest, block_tables, seq_lens, query_start_loc, block_size,
+                                   device, cascade=False))
+    return batches
+
+
+def _make_batch(
+    seqs: list[int],
+    block_tables: list[list[int]],
+    seq_lens: list[int],
+    query_start_loc: list[int],
+    block_size: int,
+    device: torch.device | str,
+    cascade: bool,
+) -> DecodeBatch:
     tables = [block_tables[s] for s in seqs]
-    # Only full blocks can be common: cap at the shortest context's full blocks.
-    common = _common_prefix(tables, min(seq_lens[s] for s in seqs) // block_size)
-    if common < MIN_CASCADE_BLOCKS:
-        common = 0
+    common = 0
+    if cascade:
+        # Only full blocks can be common: cap at the shortest context's full blocks.
+        common = _common_prefix(tables, min(seq_lens[s] for s in seqs) // block_size)
+        if common < MIN_CASCADE_BLOCKS:
+            common = 0
     nblocks = [-(-seq_lens[s] // block_size) - common for s in seqs]
     max_blocks = max(nblocks)
     padded = [t[common:common + n] + [0] * (max_blocks - n)

@@ -70,11 +70,14 @@ class VolatileSpan:
     kind: VolatileKind
 
 
-def spans_in(text: str, lo: int, hi: int) -> list[VolatileSpan]:
+LATENT_KINDS = tuple(kind for kind in KINDS if kind.latent)
+
+
+def spans_in(text: str, lo: int, hi: int, kinds: tuple[VolatileKind, ...] = KINDS) -> list[VolatileSpan]:
     """Volatile-looking values in text[lo:hi] (offsets into `text`); where two overlap, the
     earlier kind in KINDS wins (a timestamp is not also reported as a time of day)."""
     found: list[VolatileSpan] = []
-    for kind in KINDS:
+    for kind in kinds:
         for m in kind.pattern.finditer(text, max(0, lo), min(len(text), hi)):
             if not any(s.start < m.end() and m.start() < s.end for s in found):
                 found.append(VolatileSpan(m.start(), m.end(), kind))
@@ -83,7 +86,7 @@ def spans_in(text: str, lo: int, hi: int) -> list[VolatileSpan]:
 
 def span_covering(text: str, char: int) -> VolatileSpan | None:
     """The value (most specific kind) that covers `char`."""
-    for span in spans_in(text, char - 64, char + 96):
+    for span in spans_in(text, char - 48, char + 64):  # values are short: a small window is enough
         if span.start <= char < span.end:
             return span
     return None

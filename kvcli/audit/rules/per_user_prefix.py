@@ -13,6 +13,7 @@ import re
 from kvcli.audit.records import Finding
 from kvcli.audit.rules.base import PromptView, Rule, prompt_name
 
+MAX_WORDS = 4
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
 _PHONE = re.compile(r"\+?\d[\d ()-]{6,}\d")
 _NUMBER = re.compile(r"[\w-]*\d[\w-]*")
@@ -57,6 +58,8 @@ class PerUserPrefix(Rule):
         x, y = contrast.region
         mine = _word_around(contrast.this, contrast.start, contrast.start + x)
         theirs = _word_around(contrast.other, contrast.start, contrast.start + y)
+        if max(len(mine.split()), len(theirs.split())) > MAX_WORDS:
+            return []  # a rewritten sentence, not a value filled into a template
         stake = view.tokens_in(x + contrast.shared_after_region())
         seg = view.rendered.segment_at(contrast.start)
         message = (

@@ -56,9 +56,12 @@ class UnstableOrder(Rule):
         if seg is not None and seg.kind == "tools":
             return []
         this, other, start = contrast.this, contrast.other, contrast.start
-        sep = "\n\n" if "\n\n" in this[max(0, start - 4000) : start + 4000] else "\n"
-        unit_start = this.rfind(sep, 0, start)
-        unit_start = 0 if unit_start < 0 else unit_start + len(sep)
+        lo, hi = (seg.start, seg.end) if seg is not None else (0, len(this))
+        sep = "\n\n" if "\n\n" in this[max(lo, start - 4000) : min(hi, start + 4000)] else "\n"
+        unit_start = this.rfind(sep, lo, start)
+        # The first unit starts after the last separator, else at the start of the line
+        # (not before the segment: its header is no example).
+        unit_start = unit_start + len(sep) if unit_start >= 0 else this.rfind("\n", lo, start) + 1 or lo
         end = this.find(sep, start)
         first = this[unit_start : end if end >= 0 else len(this)]
         if len(first.strip()) < 8 or other.find(first, start) < 0:
@@ -68,6 +71,8 @@ class UnstableOrder(Rule):
             return []
         units = _units(this, unit_start, sep)[:k]
         span = sum(map(len, units)) + len(sep) * (k - 1)
+        if unit_start + span > hi:
+            return []  # units reach into the next message: a reordered conversation (mid-prompt-edit)
         stake = view.tokens_in(span)
         what = "paragraphs" if sep == "\n\n" else "lines"
         theirs = _units(other, unit_start, sep)[0]
