@@ -139,7 +139,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out.requests:
-            return []
+            return self._fail_unschedulable()
         t0 = time.perf_counter()
         tables = [self.kv_manager.get_block_ids(r.request_id) for r in out.requests]
         self.metrics.on_schedule(out, self.kv_manager)
@@ -161,6 +161,23 @@ class LLMEngine:
                     finished.append(done)
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return finished
+
+    def _fail_unschedulable(self) -> list[RequestOutput]:
+        """Nothing could run although requests wait: fail the head one instead of spinning.
+
+        add_request rejects requests larger than the pool, so this is a safety net that turns
+        a would-be livelock into a per-request error.
+        """
+        if self.scheduler.running or not self.scheduler.waiting:
+            return []
+        req = self.scheduler.waiting[0]
+        req.error = "could not be scheduled: not enough free KV blocks even with nothing running"
+        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        done = self._on_finished(req)
+        if done is not None:
+            done.error = req.error
+            return [done]
+        return []
 
     def _on_finished(self, req: Request) -> RequestOutput | None:
         parent = req.request_id.rpartition("#")[0] if req.request_id not in self._groups else \
