@@ -9,7 +9,18 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_audit_support import (
-    SYSTEM, TOOLS, assistant, audit_json, chat, problems, run, system, tool_call, tool_result, user, write_jsonl,
+    SYSTEM,
+    TOOLS,
+    assistant,
+    audit_json,
+    chat,
+    problems,
+    run,
+    system,
+    tool_call,
+    tool_result,
+    user,
+    write_jsonl,
 )  # fmt: skip
 
 from kvcli.audit.parse import to_request

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 from test_audit_support import (
-    SYSTEM, TOOLS, assistant, audit_json, chat, rules, system, tool_call, tool_result, user,
+    SYSTEM,
+    TOOLS,
+    assistant,
+    audit_json,
+    chat,
+    rules,
+    system,
+    tool_call,
+    tool_result,
+    user,
 )  # fmt: skip
 
 from kvcli.audit.render import IM_START
@@ -99,6 +108,15 @@ def test_tools_added_reordered_and_edited_in_a_session(tmp_path: Path) -> None:
     assert "reordered" in found[1]["message"] and found[1]["char"] == 0
     assert "'search_docs' edited (description)" in found[2]["message"]
     assert found[0]["char"] > 0 and found[0]["segment"] == "tools[2] get_invoice"
+
+
+def test_tools_changing_in_a_stream_without_sessions(tmp_path: Path) -> None:
+    """Without session keys, requests with the same system prompt (one application) are compared."""
+    rows = [chat([system(), user("first")], TOOLS), chat([system(), user("second")], TOOLS[:1]),
+            chat([system("Another app."), user("third")], TOOLS[1:]), chat([system(), user("fourth")])]  # fmt: skip
+    found = only(audit_json(tmp_path, rows), "dynamic-tools")
+    assert [(f["prompt"], f["against"]) for f in found] == [(1, 0)]
+    assert "'create_ticket' removed" in found[0]["message"]
 
 
 def test_same_tools_with_keys_reordered_are_not_dynamic(tmp_path: Path) -> None:

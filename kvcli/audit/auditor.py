@@ -8,14 +8,15 @@ memory holds the index, a bounded set of recent texts and small per-prompt resul
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from kvcli.audit.contrast import Contrast, build_contrast
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.hits import BreakpointCache, BreakpointRead, block_cached_tokens, usable_blocks
-from kvcli.audit.prefix_index import Match, PrefixIndex, token_bytes
+from kvcli.audit.prefix_index import Match, PrefixIndex
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import (
     BlockView,
@@ -32,9 +33,10 @@ from kvcli.audit.rules import AuditContext, PromptView, make_rules
 from kvcli.audit.shapes import Conversations, ToolPrinter, shape_of
 from kvcli.audit.template import render_with_template
 from kvcli.audit.textstore import TextStore
+from kvcli.audit.tokenize_worker import TokenizeWorker
 from kvcli.audit.tokenizers import AuditTokenizer, TiktokenTokenizer
 
-Tokens = tuple[list[int], list[int]]  # token ids, and the token end of each segment (per-segment mode)
+Tokens = tuple[bytes, list[int]]  # token ids as uint32 bytes, and each segment's end (per-segment mode)
 
 
 @dataclass(slots=True)
@@ -48,6 +50,7 @@ class AuditConfig:
     # results are long-lived and acyclic, and rescanning them grows with the input. Global
     # to the process, so only the CLI and the benchmark turn it on.
     freeze_gc: bool = False
+    tokenize_in_process: bool = True  # a forked worker process when the tokenizer allows
 
 
 @dataclass(slots=True)
@@ -87,13 +90,13 @@ class Auditor:
     def run(
         self, items: Iterable[PromptRequest | InputProblem], on_problem: Callable[[InputProblem], None]
     ) -> Iterator[PromptResult]:
-        """Results in input order. Tokenizing chunk k+1 (a background thread: tokenizers release
-        the GIL) overlaps with auditing chunk k, so the audit costs little more than tokenizing."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvcli-audit-tokenize") as pool:
-            pending: tuple[list[RenderedPrompt], Future[list[Tokens]]] | None = None
+        """Results in input order. Chunk k+1 is tokenized (see TokenizeWorker) while chunk k is
+        audited, so on a machine with a spare core the audit costs little more than tokenizing."""
+        with TokenizeWorker(self.tokenizer, self.config.tokenize_in_process) as worker:
+            pending: tuple[list[RenderedPrompt], Callable[[], list[Tokens]]] | None = None
             for chunk in self._chunks(items, on_problem):
                 rendered = self._render_all(chunk, on_problem)
-                submitted = (rendered, pool.submit(self._tokenize, rendered))
+                submitted = (rendered, self._submit(worker, rendered))
                 if pending is not None:
                     yield from self._audit_all(*pending)
                 pending = submitted
@@ -141,34 +144,41 @@ class Auditor:
                 on_problem(InputProblem(request.source, str(err)))
         return rendered
 
-    def _audit_all(self, rendered: list[RenderedPrompt], tokens: Future[list[Tokens]]) -> Iterator[PromptResult]:
-        for prompt, (ids, ends) in zip(rendered, tokens.result(), strict=True):
-            yield self._audit(prompt, ids, ends)
+    def _audit_all(self, rendered: list[RenderedPrompt], tokens: Callable[[], list[Tokens]]) -> Iterator[PromptResult]:
+        for prompt, (raw, ends) in zip(rendered, tokens(), strict=True):
+            ids = array("I")
+            ids.frombytes(raw)
+            yield self._audit(prompt, ids, raw, ends)
 
-    def _tokenize(self, prompts: list[RenderedPrompt]) -> list[Tokens]:
-        """Token ids and the token end of each segment (exact only when counted per segment)."""
-        if self.profile.per_segment_tokens:
+    def _submit(self, worker: TokenizeWorker, prompts: list[RenderedPrompt]) -> Callable[[], list[Tokens]]:
+        """Send a chunk to the worker; the returned function collects (raw token bytes, segment ends)."""
+        if self.profile.per_segment_tokens:  # Anthropic hashes per content block: count per block
             pieces = [p.text[s.start : s.end] for p in prompts for s in p.segments]
-            encoded = iter(self.tokenizer.encode_batch(pieces, add_special_tokens=False))
-            out = []
-            for p in prompts:
-                ids: list[int] = []
-                ends = []
-                for _ in p.segments:
-                    ids.extend(next(encoded))
-                    ends.append(len(ids))
-                out.append((ids, ends))
-            return out
-        result: list[tuple[list[int], list[int]]] = [([], [])] * len(prompts)
-        for flag in (False, True):
-            group = [i for i, p in enumerate(prompts) if p.add_special_tokens == flag]
-            if group:
-                encoded = self.tokenizer.encode_batch([prompts[i].text for i in group], add_special_tokens=flag)
-                for i, ids in zip(group, encoded, strict=True):
-                    result[i] = (ids, [])
-        return result
+            future = worker.submit(pieces, False)
 
-    def _cached(self, prompt: RenderedPrompt, ids: list[int], ends: list[int], match: Match, min_tokens: int) -> tuple[int, BreakpointRead | None]:
+            def per_segment() -> list[Tokens]:
+                encoded = iter(future.result())
+                out = []
+                for p in prompts:
+                    parts = [next(encoded) for _ in p.segments]
+                    ends = list(accumulate(len(part) // 4 for part in parts))
+                    out.append((b"".join(parts), ends))
+                return out
+
+            return per_segment
+        groups = [([i for i, p in enumerate(prompts) if p.add_special_tokens == flag], flag) for flag in (False, True)]
+        futures = [(group, worker.submit([prompts[i].text for i in group], flag)) for group, flag in groups if group]
+
+        def whole() -> list[Tokens]:
+            result: list[Tokens] = [(b"", [])] * len(prompts)
+            for group, future in futures:
+                for i, raw in zip(group, future.result(), strict=True):
+                    result[i] = (raw, [])
+            return result
+
+        return whole
+
+    def _cached(self, prompt: RenderedPrompt, ids: array[int], ends: list[int], match: Match, min_tokens: int) -> tuple[int, BreakpointRead | None]:
         profile = self.profile
         if profile.hit_model == "blocks":
             return block_cached_tokens(match.blocks, len(ids), profile.block_size, profile.keep_last_token, min_tokens), None
@@ -179,9 +189,8 @@ class Auditor:
         read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens)
         return read.cached, read
 
-    def _audit(self, prompt: RenderedPrompt, ids: list[int], ends: list[int]) -> PromptResult:
+    def _audit(self, prompt: RenderedPrompt, ids: array[int], raw: bytes, ends: list[int]) -> PromptResult:
         request, bs = prompt.request, self.profile.block_size
-        raw = token_bytes(ids)
         shape = shape_of(prompt, self._printer)
         previous = self.conversations.previous(shape) if shape is not None else None
         hint = previous.index if previous is not None else prompt.index - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -110,6 +111,9 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         _error(str(err))
         return EXIT_USAGE
     except StopAudit:
+        return EXIT_USAGE
+    except BrokenExecutor as err:  # the tokenizer worker died (killed, out of memory)
+        _error(f"the tokenizer worker stopped: {err}")
         return EXIT_USAGE
     except BrokenPipeError:
         sys.stderr.close()  # reader went away (| head): nothing left to say

@@ -8,7 +8,6 @@ re-align nearby (the prompts simply say different things from there on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvcli.audit.tokenizers import common_prefix_length
@@ -62,22 +61,6 @@ class Contrast:
     def other_ends_first(self) -> bool:
         """The other prompt ends where this one goes on: an append, not a change."""
         return self.start >= len(self.other)
-
-    def regions(self, limit: int = 8) -> Iterator[tuple[int, int, int, int, int]]:
-        """Successive small differences, while the texts keep re-aligning after each:
-        (this offset, other offset, this length, other length, characters shared after it)."""
-        a_pos = b_pos = self.start
-        region = self.region
-        for _ in range(limit):
-            if region is None:
-                return
-            x, y = region
-            shared = common_prefix_length(self.this[a_pos + x :], self.other[b_pos + y :])
-            yield a_pos, b_pos, x, y, shared
-            a_pos, b_pos = a_pos + x + shared, b_pos + y + shared
-            if a_pos >= len(self.this) or b_pos >= len(self.other):
-                return
-            region = find_resync(self.this, self.other, a_pos, b_pos)
 
     def shared_after_region(self) -> int:
         """Characters the two texts share after the differing region (before the next difference)."""

@@ -106,7 +106,7 @@ def _prompt(r: PromptResult, findings: list[tuple[int, Finding]], block_size: in
         label = f"first divergence: token {d.token} (block {d.block}), char {d.char}, against {against}"
         excerpt = _excerpt_pre(r.excerpt) if r.excerpt else ""
         body.append(f"<details><summary>{label}</summary>{excerpt}</details>" if excerpt else f'<div class="meta">{label}</div>')
-    links = " ".join(f'<a class="sev {f.severity}" href="#f{n}">{escape(f.rule)}</a>' for n, f in findings)
+    links = " ".join(f'<a class="{f.severity}" href="#f{n}">{escape(f.rule)}</a>' for n, f in findings)
     if links:
         body.append(f'<div class="meta">findings: {links}</div>')
     return "".join(body) + "</section>"

@@ -49,7 +49,7 @@ def prompt_dict(r: PromptResult, with_findings: bool = False) -> dict[str, Any]:
 def summary_dict(s: Summary) -> dict[str, Any]:
     return {
         "prompts": s.prompts, "tokens": s.tokens, "cached_tokens": s.cached_tokens,
-        "hit_rate": round(s.hit_rate, 6), "tokens_at_stake": s.tokens_at_stake,
+        "hit_rate": s.hit_rate, "tokens_at_stake": s.tokens_at_stake,
         "errors": s.findings["error"], "warnings": s.findings["warning"], "infos": s.findings["info"],
     }  # fmt: skip
 

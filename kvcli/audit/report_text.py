@@ -80,7 +80,8 @@ def findings_lines(findings: list[Finding], sources: dict[int, str], limit: int,
         for f in group[:limit]:
             lines.extend(finding_lines(f, sources, style))
         if len(group) > limit:
-            lines.append(f"  … {len(group) - limit} more {rule} findings (--limit, or --format json for all)")
+            more = plural(len(group) - limit, f"more {rule} finding")
+            lines.append(f"  … {more} (--limit, or --format json for all)")
     return lines
 
 

@@ -57,6 +57,12 @@ class RequestShape:
         """The first non-system message: what identifies a conversation without a session key."""
         return next((m.digest for m in self.messages if m.role not in ("system", "developer")), None)
 
+    @property
+    def instructions(self) -> int | None:
+        """The leading system/developer message: what identifies an application's prompts."""
+        first = self.messages[0] if self.messages else None
+        return first.digest if first is not None and first.role in ("system", "developer") else None
+
     def non_system(self) -> set[int]:
         return {m.digest for m in self.messages if m.role not in ("system", "developer")}
 
@@ -112,29 +118,36 @@ def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | N
 class Conversations:
     """The previous request of each conversation: by session key, else by opening message."""
 
-    __slots__ = ("_by_session", "_by_opening", "last_chat")
+    __slots__ = ("_by_session", "_by_opening", "_by_instructions")
 
     def __init__(self) -> None:
         self._by_session: dict[str, RequestShape] = {}
         self._by_opening: dict[int, RequestShape] = {}
-        self.last_chat: RequestShape | None = None
+        self._by_instructions: dict[int, RequestShape] = {}
 
     def previous(self, shape: RequestShape) -> RequestShape | None:
         """The request this one should extend, if any (it must share a non-system message)."""
         if shape.session is not None:
             prev = self._by_session.get(shape.session)
         else:
+            # Without a session key, the same opening message is weak evidence (many users ask
+            # the same first question): the request must also be longer, i.e. a later turn.
             opening = shape.opening
             prev = self._by_opening.get(opening) if opening is not None else None
+            if prev is not None and len(prev.messages) >= len(shape.messages):
+                return None
         if prev is None or not (prev.non_system() & shape.non_system()):
             return None
         return prev
 
     def previous_tools(self, shape: RequestShape) -> RequestShape | None:
-        """The request whose tools this one should repeat: its session's last, else the stream's last."""
+        """The request whose tools this one should repeat: its session's last; without a session
+        key, the last request with the same system prompt (the same application), if both have tools."""
         if shape.session is not None:
             return self._by_session.get(shape.session)
-        return self.last_chat
+        key = shape.instructions
+        prev = self._by_instructions.get(key) if key is not None else None
+        return prev if prev is not None and prev.tools and shape.tools else None
 
     def previous_in_session(self, shape: RequestShape) -> RequestShape | None:
         return self._by_session.get(shape.session) if shape.session is not None else None
@@ -145,4 +158,6 @@ class Conversations:
         opening = shape.opening
         if opening is not None:
             self._by_opening[opening] = shape
-        self.last_chat = shape
+        instructions = shape.instructions
+        if instructions is not None:
+            self._by_instructions[instructions] = shape

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -85,8 +86,9 @@ def describe_load_failure(err: BaseException) -> str:
     """One line for a failure that torch or safetensors would otherwise print as a traceback."""
     text = str(err)
     if isinstance(err, pickle.UnpicklingError):
-        why = next((line.strip() for line in text.splitlines() if "GLOBAL" in line), "")
-        return ("a pickle checkpoint holds more than tensors" + (f" ({why})" if why else "")
+        called = re.search(r"GLOBAL ([\w.]+)", text)
+        return ("a pickle checkpoint holds more than tensors"
+                + (f" (it calls {called[1]})" if called else "")
                 + "; kvcli loads pickle weights with torch.load(weights_only=True), which "
                 "refuses to run code from the file")
     if isinstance(err, MemoryError):

@@ -59,7 +59,7 @@ class _FirstLines:
         return line_no
 
     def _grow(self) -> None:
-        old = zip(self._keys, self._lines)
+        old = zip(self._keys, self._lines, strict=True)
         size = 2 * len(self._keys)
         self._keys, self._lines = array("Q", bytes(8 * size)), array("I", bytes(4 * size))
         for fp, line_no in old:

@@ -101,7 +101,8 @@ def _worker_lines(s: dict[str, Any]) -> list[str]:
     lines = [f"  workers       {len(s['workers'])}, {100 * s['hit_rate']:.1f}% hit rate together"
              + versus]
     for w in s["workers"]:
-        restarts = f", {w['restarts']} restarts" if w["restarts"] else ""
+        n = w["restarts"]
+        restarts = f", restarted {n} time{'s' if n > 1 else ''}" if n else ""
         lines.append(f"    worker {w['worker']:<5} {w['requests']:,} requests, "
                      f"{100 * w['hit_rate']:.1f}% hit rate, {w['generated_tok_s']:,.1f} generated "
                      f"tok/s, {w['busy_s']:.1f} s busy on {w['node']}{restarts}")

@@ -6,8 +6,8 @@ The workload is what an agent service logs: one system prompt and tool list shar
 by everyone, conversations of several turns growing append-only, occasional
 per-request noise (a timestamp) so rules have work to do. "tokenize" encodes the
 same rendered texts in the same chunks with the tokenizer exactly as the audit
-configures it; "audit" covers rendering, tokenizing, hashing, the prefix index,
-every rule and the JSON report. Each is timed R times, alternating, and the best
+configures it; "audit" covers rendering, tokenizing (in the audit's worker process,
+overlapping the rest), hashing, the prefix index, every rule and the JSON report. Each is timed R times, alternating, and the best
 wall time is kept (the machine may be shared); CPU times are reported too. The
 target is audit <= 1.5 x tokenize.
 """
@@ -96,14 +96,20 @@ def time_tokenize(tokenizer: TiktokenTokenizer, texts: list[str], chunk: int) ->
     return time.perf_counter() - wall, time.process_time() - cpu, count
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time plus its finished children's (the audit's tokenizer worker)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def time_audit(requests: list[PromptRequest], tokenizer: TiktokenTokenizer, chunk: int) -> tuple[float, float, Auditor, int]:
     profile = get_profile("kvcli")
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu = time.perf_counter(), cpu_seconds()
     auditor = Auditor(AuditConfig(profile, chunk_size=chunk, freeze_gc=True), tokenizer)
     results = list(auditor.run(requests, lambda problem: None))
     findings = [f for r in results for f in r.findings]
     report = document(tokenizer.name, profile, auditor.summary, results, findings, [])
-    elapsed = time.perf_counter() - wall, time.process_time() - cpu
+    elapsed = time.perf_counter() - wall, cpu_seconds() - cpu
     del results, findings
     gc.unfreeze()
     gc.collect()

@@ -71,7 +71,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     nargs=2,
     metavar="A B",
     default=None,
-    help="Compare two prompts side by side: two files, or two ids/indexes within PATH....",
+    help="Compare two prompts side by side: two files, or the ids (or 0-based indexes) of two prompts in PATH.",
 )
 @click.option(
     "--fail-on",

@@ -23,6 +23,7 @@ from kvcli.distributed.options import RayOptions
 from kvcli.distributed.worker import EngineWorker, WorkerInfo
 
 READY_NOTE_EVERY_S = 30.0
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class ClusterError(Exception):
@@ -46,11 +47,15 @@ class Cluster:
             ray.shutdown()
 
 
-def connect(opts: RayOptions) -> bool:
-    """``ray.init`` unless already connected; True when this call connected."""
+def connect(opts: RayOptions, forward_logs: bool = True) -> bool:
+    """``ray.init`` unless already connected; True when this call connected.
+
+    ``forward_logs=False`` keeps the actors' output off the driver's terminal: Ray would
+    print an actor's stdout on the driver's stdout, in the middle of results written there.
+    """
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": forward_logs}
     try:
         if opts.starts_local:
             ray.init(include_dashboard=False, **kwargs)
@@ -88,10 +93,14 @@ def start_workers(opts: RayOptions, engine_options: dict[str, Any], count: int) 
     actor_class = ray.remote(EngineWorker)
     run = uuid.uuid4().hex[:8]
     threads = max(1, int(opts.worker_cpus))
+    # Ray sets OMP_NUM_THREADS to the actor's CPUs only when the driver has none set, and the
+    # engine's small matmuls go through OpenBLAS: pin every pool to the actor's share.
+    env = {name: str(threads) for name in THREAD_ENV}
     return [
         actor_class.options(name=f"kvcli-worker-{run}-{i}", num_cpus=opts.worker_cpus,
                             num_gpus=opts.worker_gpus, max_restarts=opts.max_restarts,
-                            max_task_retries=0).remote(engine_options, threads)
+                            max_task_retries=0, runtime_env={"env_vars": env},
+                            ).remote(engine_options, threads)
         for i in range(count)
     ]
 
@@ -114,8 +123,9 @@ def wait_ready(handles: list[Any], quiet: bool) -> list[WorkerInfo]:
     return infos
 
 
-def start_cluster(opts: RayOptions, engine_options: dict[str, Any], quiet: bool) -> Cluster:
-    started = connect(opts)
+def start_cluster(opts: RayOptions, engine_options: dict[str, Any], quiet: bool,
+                  forward_logs: bool = True) -> Cluster:
+    started = connect(opts, forward_logs)
     cluster = Cluster(started, [], [])
     try:
         count = worker_count(opts, local=started and opts.starts_local)

@@ -35,6 +35,7 @@ from kvcli.hashing import hash_token_blocks
 
 SLICE_S = 0.25  # longest actor call: how long a request routed to a busy actor may wait
 WAIT_S = 1.0  # step() returns at least this often, so Ctrl-C is seen
+PIPELINE = 2  # calls queued per actor: the next one starts the moment the last returns
 RETRY_S = (0.1, 2.0)  # back-off after a failed call, doubling from the first to the second
 STATS_TIMEOUT_S = 10.0
 
@@ -59,7 +60,7 @@ class WorkerSlot:
     alive: bool = True
     queue: deque[PendingItem] = field(default_factory=deque)
     in_flight: dict[str, PendingItem] = field(default_factory=dict)
-    call: Any = None  # the outstanding advance() ObjectRef
+    calls: list[Any] = field(default_factory=list)  # outstanding advance() ObjectRefs, oldest first
     deaths: int = 0  # calls lost to the actor dying (not to it being briefly unreachable)
     retry_delay: float = 0.0  # > 0 while its calls fail: send again at retry_at
     retry_at: float = 0.0
@@ -121,7 +122,7 @@ class WorkerPool:
     # ----------------------------------------------------------------- step
     def step(self) -> list[Any]:
         self._dispatch()
-        calls = {s.call: s for s in self.slots if s.call is not None}
+        calls = {ref: s for s in self.slots for ref in s.calls}
         if not calls:  # every worker with work is backing off after a failure
             time.sleep(max(0.0, min(WAIT_S, min(s.retry_at for s in self.slots)
                                     - time.monotonic())))
@@ -132,24 +133,29 @@ class WorkerPool:
             ready += more
         finished: list[Any] = []
         for ref in ready:
-            finished.extend(self._collect(calls[ref]))
+            if ref in calls[ref].calls:  # not dropped by a failure of an earlier call
+                finished.extend(self._collect(calls[ref], ref))
         return finished
 
     def _dispatch(self) -> None:
-        """Send each idle actor its queued requests, up to its in-flight cap."""
+        """Send each actor its queued requests (up to its in-flight cap), keeping PIPELINE calls
+        queued while it has work, so its engine never waits for the driver between calls."""
+        now = time.monotonic()
         for slot in self.slots:
-            if not slot.alive or slot.call is not None or slot.retry_at > time.monotonic():
+            if not slot.alive or slot.retry_at > now:
                 continue
-            batch = []
-            while slot.queue and len(slot.in_flight) < self.max_in_flight:
-                item = slot.queue.popleft()
-                slot.in_flight[item.request_id] = item
-                batch.append(item.payload)
-            if slot.in_flight:
-                slot.call = slot.handle.advance.remote(batch, SLICE_S)
+            while len(slot.calls) < PIPELINE:
+                batch = []
+                while slot.queue and len(slot.in_flight) < self.max_in_flight:
+                    item = slot.queue.popleft()
+                    slot.in_flight[item.request_id] = item
+                    batch.append(item.payload)
+                if not slot.in_flight:  # nothing left for it to run
+                    break
+                slot.calls.append(slot.handle.advance.remote(batch, SLICE_S))
 
-    def _collect(self, slot: WorkerSlot) -> list[Any]:
-        ref, slot.call = slot.call, None
+    def _collect(self, slot: WorkerSlot, ref: Any) -> list[Any]:
+        slot.calls.remove(ref)
         try:
             reply: WorkerReply = ray.get(ref)
         except RayError as err:
@@ -171,14 +177,20 @@ class WorkerPool:
         return finished
 
     def _settle(self, slot: WorkerSlot, request_id: str) -> PendingItem | None:
+        """The request's item if this result is the first for it, else None."""
+        if self._where.get(request_id) is not slot:
+            return None  # aborted, delivered before, or moved to another worker
+        del self._where[request_id]
         item = slot.in_flight.pop(request_id, None)
-        if item is not None:
-            del self._where[request_id]
+        if item is None:  # re-queued after a call failed, yet an earlier call finished it
+            item = next(i for i in slot.queue if i.request_id == request_id)
+            slot.queue.remove(item)
         return item
 
     # -------------------------------------------------------------- failure
     def _on_failure(self, slot: WorkerSlot, err: RayError) -> None:
         """Send the lost requests again after a back-off; give the worker up once Ray has."""
+        slot.calls.clear()  # queued after the failed one: their replies are not waited for
         lost = list(slot.in_flight.values())
         slot.in_flight.clear()
         slot.queue.extendleft(reversed(lost))

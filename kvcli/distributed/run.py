@@ -31,7 +31,8 @@ def run_generate_on_ray(cfg: GenerateConfig, opts: RayOptions) -> int:
     def factory(cfg: GenerateConfig) -> WorkerPool:
         tokenizer = _load_tokenizer(cfg)
         try:
-            cluster = start_cluster(opts, actor_engine_options(cfg, opts), cfg.quiet)
+            cluster = start_cluster(opts, actor_engine_options(cfg, opts), cfg.quiet,
+                                    forward_logs=not cfg.to_stdout)
         except ClusterError as err:
             raise BatchUsageError(str(err)) from None
         clusters.append(cluster)

@@ -8,19 +8,49 @@ In tools/system text: such a value that does not vary yet is a latent break
 
 from __future__ import annotations
 
-from kvcli.audit.contrast import Contrast
+from dataclasses import dataclass
+
+from kvcli.audit.contrast import RESYNC
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.records import Finding, Segment
 from kvcli.audit.rules.base import STABLE_KINDS, AuditContext, PromptView, Rule, prompt_name
 from kvcli.audit.rules.patterns import LATENT_KINDS, VolatileSpan, span_covering, spans_in
 from kvcli.audit.style import plural
+from kvcli.audit.tokenizers import common_prefix_length
 
 
 def _clip(value: str, limit: int = 48) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-SLACK = 2  # the differing text may run a character or two past the value (a changed separator)
+@dataclass(slots=True)
+class VolatileRun:
+    """Varying values met one after another from the divergence, on both sides."""
+
+    values: int = 0  # how many
+    chars: int = 0  # characters the prompts would share without them
+    alone: bool = False  # past the last one the texts agree again (or both end)
+    other: VolatileSpan | None = None  # the other prompt's first value
+
+
+def volatile_run(this: str, other: str, start: int, limit: int = 8) -> VolatileRun:
+    """Skip value after value (a timestamp, then a request id...) while both sides hold one
+    at the point where they differ; `alone` when what follows the last one agrees."""
+    run = VolatileRun()
+    a = b = start
+    for _ in range(limit):
+        mine, theirs = span_covering(this, a), span_covering(other, b)
+        if mine is None or theirs is None:
+            break
+        run.other = run.other or theirs
+        shared = common_prefix_length(this[mine.end :], other[theirs.end :])
+        run.values += 1
+        run.chars += mine.end - a + shared
+        a, b = mine.end + shared, theirs.end + shared
+        if shared >= RESYNC or a >= len(this) or b >= len(other):
+            run.alone = True
+            break
+    return run
 
 
 class VolatilePrefix(Rule):
@@ -35,43 +65,27 @@ class VolatilePrefix(Rule):
         span = span_covering(contrast.this, contrast.start)
         if span is None:
             return []
-        alone = contrast.region is not None and contrast.start + contrast.region[0] <= span.end + SLACK
-        if not alone and not view.in_stable_segment(contrast.start):
+        run = volatile_run(contrast.this, contrast.other, contrast.start)
+        if not run.alone and not view.in_stable_segment(contrast.start):
             return []  # the prompts differ anyway from here: the value is not what breaks them
-        other = span_covering(contrast.other, contrast.start)
         this_value = contrast.this[span.start : span.end]
-        other_value = contrast.other[other.start : other.end] if other else contrast.other_diff
-        chars, values = self._volatile_run(contrast)
-        stake = view.tokens_in(chars)
+        other_value = contrast.other[run.other.start : run.other.end] if run.other else contrast.other_diff
+        stake = view.tokens_in(run.chars) if run.alone else 0
         seg = view.rendered.segment_at(contrast.start)
         where = f" in {seg.label}" if seg else ""
         message = (
             f"{span.kind.label} '{_clip(this_value)}'{where} differs from {prompt_name(self.ctx, contrast.against)}"
             f" ('{_clip(other_value)}'): the shared prefix ends at token {view.lcp}"
         )
-        if alone:
-            more = f" (and {plural(values - 1, 'more varying value')} after it)" if values > 1 else ""
+        if run.alone:
+            more = f" (and {plural(run.values - 1, 'more varying value')} after it)" if run.values > 1 else ""
             message += f"; without it{more} the texts agree again: ~{stake} more tokens could be cached"
-        severity = "error" if alone else "warning"
         return [
             view.finding(
-                self.id, severity, contrast.start, message, span.kind.fix,
+                self.id, "error" if run.alone else "warning", contrast.start, message, span.kind.fix,
                 against=contrast.against, stake=stake, excerpt=view.contrast_excerpt(contrast),
             )
         ]  # fmt: skip
-
-
-    @staticmethod
-    def _volatile_run(contrast: Contrast) -> tuple[int, int]:
-        """Characters the prompts would share if the varying values from the divergence on
-        were gone, and how many such values there are (they often come in runs: time, id)."""
-        chars = values = 0
-        for start, _, x, _, shared in contrast.regions():
-            span = span_covering(contrast.this, start)
-            if span is None or start + x > span.end + SLACK:
-                break
-            chars, values = chars + x + shared, values + 1
-        return chars, values
 
 
 class LatentVolatile(Rule):

@@ -1,0 +1,73 @@
+"""--model: the model's own tokenizer and chat template, exactly as `kvcli generate` encodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_audit_support import TOOLS, chat, run, system, user, write_jsonl
+
+from kvcli.audit import predict_cached_tokens
+from kvcli.hashing import hash_token_blocks
+
+STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if tools %}<|tools|>{{ tools | tojson }}{% endif %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    if not (STORIES / "tokenizer.json").is_file():
+        pytest.skip("shared/models/stories260K is not available")
+    directory = tmp_path / "stories-chat"
+    directory.mkdir()
+    for file in STORIES.iterdir():
+        (directory / file.name).symlink_to(file)
+    (directory / "chat_template.jinja").write_text(TEMPLATE)
+    return directory
+
+
+def test_model_tokenizer_and_template_predict_generate(tmp_path: Path, model_dir: Path) -> None:
+    from kvcli.tokenizer import Tokenizer
+
+    rows = [
+        {"prompt": "Once upon a time there was a little girl named Lily."},
+        {"prompt": "Once upon a time there was a little boy named Tim."},
+        chat([system("You tell short stories."), user("Tell me about a cat.")], TOOLS),
+        chat([system("You tell short stories."), user("Tell me about a dog.")], TOOLS),
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", rows)
+    result = run([str(path), "--model", str(model_dir), "--block-size", "4", "--format", "json", "--show-blocks"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    tok = Tokenizer.from_dir(model_dir)
+    expected = [tok.encode(r["prompt"], add_special_tokens=True) for r in rows[:2]]
+    expected += [
+        tok.encode(tok.apply_chat_template(r["messages"], tools=r["tools"], add_generation_prompt=True), add_special_tokens=False)
+        for r in rows[2:]
+    ]
+    assert expected[0][0] == tok.bos_token_id and expected[2][0] != tok.bos_token_id
+    for prompt, ids in zip(doc["prompts"], expected, strict=True):
+        assert prompt["tokens"] == len(ids)
+        assert [b["hash"] for b in prompt["blocks"]] == [h.hex()[:8] for h in hash_token_blocks(ids, 4)]
+    assert [p["cached_tokens"] for p in doc["prompts"]] == predict_cached_tokens(expected, 4)
+    assert doc["prompts"][3]["first_divergence"]["against"] == 2
+
+
+def test_a_model_without_chat_template_rejects_chat_cleanly(tmp_path: Path) -> None:
+    if not (STORIES / "tokenizer.json").is_file():
+        pytest.skip("shared/models/stories260K is not available")
+    path = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "Once upon a time"}, chat([user("hi")])])
+    result = run([str(path), "--model", str(STORIES), "--format", "json"])
+    assert result.exit_code == 0
+    (problem,) = json.loads(result.stdout)["input_problems"]
+    assert problem["where"].endswith(":2") and "no chat template" in problem["message"]
+
+
+def test_a_missing_model_is_a_usage_error(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "x"}])
+    result = run([str(path), "--model", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "--model" in result.stderr
