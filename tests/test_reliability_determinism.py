@@ -46,6 +46,11 @@ def generate(setup: tuple[Path, Path], tmp_path: Path, name: str, *args: str) ->
     return out.read_bytes()
 
 
+@pytest.fixture(scope="module")
+def base(setup, tmp_path_factory) -> bytes:
+    return generate(setup, tmp_path_factory.mktemp("base"), "base")
+
+
 def without_cached_tokens(data: bytes) -> list[dict]:
     rows = [json.loads(line) for line in data.splitlines()]
     for row in rows:
@@ -53,8 +58,8 @@ def without_cached_tokens(data: bytes) -> list[dict]:
     return rows
 
 
-def test_same_input_and_seed_give_byte_identical_files_whatever_the_schedule(setup, tmp_path):
-    base = generate(setup, tmp_path, "base")
+def test_same_input_and_seed_give_byte_identical_files_whatever_the_schedule(setup, base,
+                                                                           tmp_path):
     rows = [json.loads(line) for line in base.splitlines()]
     assert len(rows) == 30 and sum(r["usage"]["cached_tokens"] > 0 for r in rows) >= 10
     schedules = {
@@ -75,13 +80,13 @@ def test_same_input_and_seed_give_byte_identical_files_whatever_the_schedule(set
     assert without_cached_tokens(reordered) == without_cached_tokens(base)
 
 
-def test_the_run_seed_changes_only_sampled_lines_without_their_own_seed(setup, tmp_path):
-    base = [json.loads(line) for line in generate(setup, tmp_path, "seed0").splitlines()]
+def test_the_run_seed_changes_only_sampled_lines_without_their_own_seed(setup, base, tmp_path):
+    seed0 = [json.loads(line) for line in base.splitlines()]
     other = [json.loads(line) for line in generate(setup, tmp_path, "seed1", "--seed", "1")
              .splitlines()]
     inp, _ = setup
     lines = [json.loads(line) for line in inp.read_text().splitlines()]
-    changed = {line["id"] for line, a, b in zip(lines, base, other, strict=True) if a != b}
+    changed = {line["id"] for line, a, b in zip(lines, seed0, other, strict=True) if a != b}
     sampled_unseeded = {line["id"] for line in lines
                         if line.get("temperature") and "seed" not in line}
     assert changed == sampled_unseeded

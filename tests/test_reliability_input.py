@@ -61,10 +61,11 @@ BAD_LINES: list[tuple[bytes, str | None, str] | None] = [
     (DUP, None, "duplicate"),  # runs, and is reported
     None,
     (DUP, None, "duplicate"),
+    (b'{"custom_id": "u", "url": ["/v1/chat/completions"], "body": {}}', "url", "invalid_url"),
 ]
 # What the audit cannot read; it audits the rest (sampling fields are not its business, and it
 # renders any role name and an empty prompt).
-AUDIT_PROBLEMS = {2, 3, 4, 5, 6, 11, 14, 15, 16, 17, 19}
+AUDIT_PROBLEMS = {2, 3, 4, 5, 6, 11, 14, 15, 16, 17, 19, 23}
 
 
 def write_input(path: Path, fifty_mb_tail: bytes) -> Path:
@@ -101,10 +102,11 @@ def test_generate_names_every_bad_line_and_runs_the_rest(tiny_models, tmp_path) 
         _, field, code = entry
         assert row["error"]["line"] == line_no and row["error"]["code"] == code, row
         assert row["error"]["param"] == field, row
-        where = f"{inp}:{line_no}" + (" (id 'ten')" if line_no == 7 else "")
+        ids = {7: " (id 'ten')", 23: " (custom_id 'u')"}
+        where = f"{inp}:{line_no}" + ids.get(line_no, "")
         assert f"{where}: {field + ': ' if field else ''}" in res.stderr, where
     assert f"{inp}:22: id 'dup' already used on line 20" in res.stderr
-    assert "5 ok, 17 failed" in res.stderr
+    assert "5 ok, 18 failed" in res.stderr
 
 
 def test_duplicate_ids_on_resume_count_as_done_once_either_is_written(tiny_models, tmp_path):

@@ -76,16 +76,18 @@ class JsonMemo:
         self._size = 0
 
     def get(self, value: Any, compute: Callable[[], T]) -> T:
-        key = compact_key(value)
-        if key is None:
+        serialized = compact_key(value)
+        if serialized is None:
             return compute()
+        # Keyed by a 128-bit digest: orjson's bytes keep a 4 KiB buffer however short they are.
+        key = hashlib.blake2b(serialized, digest_size=16).digest()
         found = self._memo.get(key)
         if found is None:
             if self._size > self.budget:
                 self._memo.clear()
                 self._size = 0
             found = self._memo[key] = compute()
-            self._size += 2 * len(key)  # the key and about as much rendered text
+            self._size += 64 + len(serialized)  # the entry and about as much rendered text
         return found
 
 

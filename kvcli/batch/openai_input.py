@@ -54,7 +54,7 @@ def openai_style(obj: dict[str, Any]) -> Style:
     if method != "POST":
         raise LineError("method", f"expected \"POST\", got {show_value(method)}")
     url = obj.get("url")
-    if url not in URL_STYLES:
+    if not isinstance(url, str) or url not in URL_STYLES:  # a list or object is unhashable
         raise LineError("url", f"unsupported endpoint {show_value(url)}; supported: "
                         f"{CHAT_URL}, {COMPLETIONS_URL}", code="invalid_url")
     return URL_STYLES[url]

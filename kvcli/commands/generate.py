@@ -83,7 +83,7 @@ _ENGINE_OPTIONS = [
     click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
                  default="float32", show_default=True),
     click.option("--allow-pickle", is_flag=True,
-                 help="Allow loading pickle (.bin/.pt) weights: runs code from the file."),
+                 help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
 ]
 
 _RAY_OPTIONS = [

@@ -47,7 +47,7 @@ class Cluster:
             ray.shutdown()
 
 
-def connect(opts: RayOptions, forward_logs: bool = True) -> bool:
+def connect(opts: RayOptions, forward_logs: bool = True, quiet: bool = False) -> bool:
     """``ray.init`` unless already connected; True when this call connected.
 
     ``forward_logs=False`` keeps the actors' output off the driver's terminal: Ray would
@@ -55,7 +55,8 @@ def connect(opts: RayOptions, forward_logs: bool = True) -> bool:
     """
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": forward_logs}
+    kwargs: dict[str, Any] = {"logging_level": logging.ERROR if quiet else logging.WARNING,
+                              "log_to_driver": forward_logs}
     try:
         if opts.starts_local:
             ray.init(include_dashboard=False, **kwargs)
@@ -125,7 +126,7 @@ def wait_ready(handles: list[Any], quiet: bool) -> list[WorkerInfo]:
 
 def start_cluster(opts: RayOptions, engine_options: dict[str, Any], quiet: bool,
                   forward_logs: bool = True) -> Cluster:
-    started = connect(opts, forward_logs)
+    started = connect(opts, forward_logs, quiet)
     cluster = Cluster(started, [], [])
     try:
         count = worker_count(opts, local=started and opts.starts_local)

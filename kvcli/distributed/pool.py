@@ -7,7 +7,9 @@ reply and returns the results it carried. Per actor the pool keeps
 * a queue of routed requests not sent yet (bounded by the job's window), and
 * the requests sent and not yet finished (at most ``max_in_flight``): re-sent
   after a failed call, so a restarted actor loses nothing, and dropped once
-  their result arrived, so nothing is written twice.
+  their result arrived, so nothing is written twice;
+* up to PIPELINE outstanding ``advance`` calls, so the actor's engine goes on
+  stepping while the driver handles a reply.
 
 ``add_request`` checks the sampling parameters at once (like the engine); the
 engine's own prompt checks run on the actor and come back as RejectedRequest.
@@ -47,6 +49,7 @@ class PendingItem:
     params: Any
     cache_salt: str | None
     predicted: int | None  # single-engine prediction of its cached tokens
+    key: bytes | None  # its routing key (the chain hash of its first blocks)
 
     @property
     def payload(self) -> tuple[str, list[int], Any, str | None]:
@@ -62,6 +65,7 @@ class WorkerSlot:
     in_flight: dict[str, PendingItem] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)  # outstanding advance() ObjectRefs, oldest first
     deaths: int = 0  # calls lost to the actor dying (not to it being briefly unreachable)
+    resent: int = 0  # requests queued again after a failed call
     retry_delay: float = 0.0  # > 0 while its calls fail: send again at retry_at
     retry_at: float = 0.0
 
@@ -100,11 +104,12 @@ class WorkerPool:
         params.validate()  # the engine's first check, so a bad value fails now as it does locally
         hashes = hash_token_blocks(prompt_token_ids, self.block_size, cache_salt)
         predicted = self.prediction.add(hashes, len(prompt_token_ids))
-        item = PendingItem(request_id, prompt_token_ids, params, cache_salt, predicted)
-        self._route(item, routing_key(hashes, self.affinity_blocks))
+        key = routing_key(hashes, self.affinity_blocks)
+        self._route(PendingItem(request_id, prompt_token_ids, params, cache_salt, predicted, key))
 
-    def _route(self, item: PendingItem, key: bytes | None) -> None:
-        w = self.router.choose(key, [s.load for s in self.slots], [s.alive for s in self.slots])
+    def _route(self, item: PendingItem) -> None:
+        w = self.router.choose(item.key, [s.load for s in self.slots],
+                               [s.alive for s in self.slots])
         self.slots[w].queue.append(item)
         self._where[item.request_id] = self.slots[w]
 
@@ -194,6 +199,7 @@ class WorkerPool:
         lost = list(slot.in_flight.values())
         slot.in_flight.clear()
         slot.queue.extendleft(reversed(lost))
+        slot.resent += len(lost)
         first = slot.retry_delay == 0.0  # warn once per outage, not once per retry
         slot.retry_delay = min(RETRY_S[1], max(RETRY_S[0], 2 * slot.retry_delay))
         slot.retry_at = time.monotonic() + slot.retry_delay
@@ -223,9 +229,7 @@ class WorkerPool:
                    "other workers")
         ray.kill(slot.handle, no_restart=True)
         for item in lost:
-            self._route(item, routing_key(
-                hash_token_blocks(item.prompt_token_ids, self.block_size, item.cache_salt),
-                self.affinity_blocks))
+            self._route(item)
 
     # ---------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
