@@ -55,6 +55,9 @@ def test_model_tokenizer_and_template_predict_generate(tmp_path: Path, model_dir
         assert [b["hash"] for b in prompt["blocks"]] == [h.hex()[:8] for h in hash_token_blocks(ids, 4)]
     assert [p["cached_tokens"] for p in doc["prompts"]] == predict_cached_tokens(expected, 4)
     assert doc["prompts"][3]["first_divergence"]["against"] == 2
+    char = doc["prompts"][1]["first_divergence"]["char"]  # where "boy" parts from "girl"
+    shared = "Once upon a time there was a little "
+    assert len(shared) - 1 <= char <= len(shared)
 
 
 def test_a_model_without_chat_template_rejects_chat_cleanly(tmp_path: Path) -> None:

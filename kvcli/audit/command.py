@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,35 +59,50 @@ def _requests(paths: list[str], stdin: IO[bytes] | None) -> Iterator[PromptReque
         yield to_request(item.value, item.where, item.is_text) if isinstance(item, RawRecord) else item
 
 
-def _select(items: list[PromptRequest], key: str) -> PromptRequest:
-    """A prompt of the input by id, else by 0-based index."""
-    for request in items:
-        if request.id == key:
-            return request
-    if key.isdigit() and int(key) < len(items):
-        return items[int(key)]
-    raise InputError(f"--diff {key}: no prompt with that id or index (the input has {len(items)})")
+Problem = Callable[[InputProblem], None]
 
 
-def _diff_requests(opts: AuditOptions, stdin: IO[bytes] | None, on_problem) -> list[PromptRequest]:  # noqa: ANN001
+def _select(requests: Iterator[PromptRequest | InputProblem], keys: tuple[str, str], on_problem: Problem) -> list[PromptRequest]:
+    """The prompts named by `keys`: by id, else by 0-based index (streamed: nothing else is kept)."""
+    by_id: dict[str, PromptRequest] = {}
+    by_index: dict[str, PromptRequest] = {}
+    position = 0
+    for item in requests:
+        if isinstance(item, InputProblem):
+            on_problem(item)
+            continue
+        if item.id in keys:
+            by_id.setdefault(item.id, item)
+        if str(position) in keys:
+            by_index[str(position)] = item
+        position += 1
+    picked = []
+    for key in keys:
+        found = by_id.get(key) or by_index.get(key)
+        if found is None:
+            raise InputError(f"--diff {key}: no prompt with that id or index (the input has {position})")
+        picked.append(found)
+    return picked
+
+
+def _diff_requests(opts: AuditOptions, stdin: IO[bytes] | None, on_problem: Problem) -> list[PromptRequest]:
     assert opts.diff is not None
-    if not opts.paths:
-        picked = []
-        for spec in opts.diff:
-            found = [r for r in _requests(check_paths([spec]), stdin) if _keep(r, on_problem)]
-            if not found:
-                raise InputError(f"--diff {spec}: no prompt in it")
-            picked.append(found[0])
-        return picked
-    items = [r for r in _requests(check_paths(opts.paths), stdin) if _keep(r, on_problem)]
-    return [_select(items, key) for key in opts.diff]
+    if opts.paths:
+        return _select(_requests(check_paths(opts.paths), stdin), opts.diff, on_problem)
+    picked = []
+    for spec in opts.diff:  # two files: the first prompt of each
+        first = next((r for r in _requests(check_paths([spec]), stdin) if not _problem(r, on_problem)), None)
+        if first is None:
+            raise InputError(f"--diff {spec}: no prompt in it")
+        picked.append(first)
+    return picked
 
 
-def _keep(item: PromptRequest | InputProblem, on_problem) -> bool:  # noqa: ANN001
+def _problem(item: PromptRequest | InputProblem, on_problem: Problem) -> bool:
     if isinstance(item, InputProblem):
         on_problem(item)
-        return False
-    return True
+        return True
+    return False
 
 
 def _exit_status(findings: list[Finding], fail_on: str) -> int:
@@ -107,7 +123,7 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         return EXIT_USAGE
     try:
         return _run(opts, stdin, out)
-    except (InputError, TokenizerLoadError, ValueError) as err:
+    except (InputError, TokenizerLoadError) as err:
         _error(str(err))
         return EXIT_USAGE
     except StopAudit:
@@ -115,13 +131,18 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
     except BrokenExecutor as err:  # the tokenizer worker died (killed, out of memory)
         _error(f"the tokenizer worker stopped: {err}")
         return EXIT_USAGE
-    except BrokenPipeError:
-        sys.stderr.close()  # reader went away (| head): nothing left to say
+    except BrokenPipeError:  # the reader went away (| head): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's documented recipe
         return EXIT_OK
+    finally:
+        gc.unfreeze()  # the audit froze its objects for the collector (AuditConfig.freeze_gc)
 
 
 def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
-    profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens)
+    try:
+        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens)
+    except ValueError as err:
+        raise InputError(str(err)) from err
     paths = check_paths(opts.paths) if not opts.diff else []
     tokenizer = load_tokenizer(opts.encoding, opts.model)
     problems: list[InputProblem] = []
@@ -136,13 +157,17 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     auditor = Auditor(config, tokenizer)
     source = _diff_requests(opts, stdin, on_problem) if opts.diff else _requests(paths, stdin)
+    keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
     results: list[PromptResult] = []
+    findings: list[Finding] = []
     for result in auditor.run(source, on_problem):
         if opts.fmt == "jsonl":
             out.write(jsonl_line(result))
-        results.append(result)
-    findings = [f for r in results for f in r.findings] + auditor.finish()
-    if len(results) < (2 if opts.diff else 1):
+        if keep:
+            results.append(result)
+        findings.extend(result.findings)
+    findings += auditor.finish()
+    if auditor.summary.prompts < (2 if opts.diff else 1):
         _error("no prompts to audit" + (" (every record was malformed)" if problems else ""))
         return EXIT_USAGE
     _report(opts, auditor, tokenizer.name, results, findings, problems, out)

@@ -45,10 +45,6 @@ class Contrast:
     region: tuple[int, int] | None
 
     @property
-    def this_diff(self) -> str:
-        return self.this[self.start : self.start + self.region[0]] if self.region else ""
-
-    @property
     def other_diff(self) -> str:
         return self.other[self.start : self.start + self.region[1]] if self.region else ""
 

@@ -11,7 +11,7 @@ import gzip
 import os
 import tempfile
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -161,13 +161,19 @@ class ModelTokenizer:
         return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
     def char_offset(self, text: str, ids: Sequence[int], k: int) -> int:
-        # Decoding is not always an exact inverse (BOS, sentencepiece spaces): take the
-        # longest prefix of the text that the decoded tokens agree with.
-        decoded = self._tok.decode(list(ids[:k]), skip_special_tokens=False)
-        return common_prefix_length(text, decoded) if not text.startswith(decoded) else len(decoded)
+        # Decoding is not always an exact inverse (sentencepiece spaces): take the longest
+        # prefix of the text that the decoded tokens agree with.
+        bos = self._tok.special_tokens.get("bos_token")
+        skip = self._added_bos(ids) and not (bos and text.startswith(bos))
+        return common_prefix_length(text, self._tok.decode(list(ids[int(skip) : k]), skip_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+        """The tokens as text, without the BOS that encoding a plain prompt adds (not in its text;
+        a chat template that writes the BOS itself loses it here, a few characters of offset)."""
+        return self._tok.decode(list(ids[int(self._added_bos(ids)) :]), skip_special_tokens=False)
+
+    def _added_bos(self, ids: Sequence[int]) -> bool:
+        return len(ids) > 0 and self._tok.bos_token_id is not None and ids[0] == self._tok.bos_token_id
 
     def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
         return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
@@ -188,6 +194,3 @@ def common_prefix_length(a: str, b: str) -> int:
 def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None) -> AuditTokenizer:
     return ModelTokenizer.from_spec(model) if model else TiktokenTokenizer(encoding)
 
-
-def encoding_names() -> Mapping[str, EncodingSpec]:
-    return ENCODINGS
