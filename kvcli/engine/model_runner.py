@@ -31,11 +31,28 @@ class ModelRunner:
         self.sampler = sampler
         self.device = torch.device(device)
 
-    @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
     ) -> tuple[list[Request], SampleResult]:
-        """Run one step; returns the requests that sampled and their new tokens."""
+        """Run one step; returns the requests that sampled and their new tokens.
+
+        On CPU the matmuls run on OpenBLAS's threads (kvcli.model.layers.linear), so torch's
+        own ops run single-threaded for the step: two busy thread pools on the same cores
+        stall each other. The caller's torch thread count is restored afterwards.
+        """
+        if self.device.type != "cpu":
+            return self._execute(out, block_tables)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._execute(out, block_tables)
+        finally:
+            torch.set_num_threads(threads)
+
+    @torch.inference_mode()
+    def _execute(
+        self, out: SchedulerOutput, block_tables: list[list[int]]
+    ) -> tuple[list[Request], SampleResult]:
         input_ids: list[int] = []
         positions: list[int] = []
         num_computed: list[int] = []

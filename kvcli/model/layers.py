@@ -7,6 +7,7 @@ requires grad.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,10 +17,12 @@ from torch import nn
 
 from kvcli.model.config import ModelConfigError, RopeConfig
 
-#: Up to this many rows, CPU float32 matmuls go through NumPy's OpenBLAS: torch's MKL takes slow
-#: paths for decode-sized row counts on AMD CPUs (2.5-4x slower, see docs/BENCHMARKS.md); from
-#: ~128 rows both libraries reach the same GFLOP/s.
-NUMPY_MAX_ROWS = 96
+#: CPU float32 matmuls with at most this many rows go through NumPy's OpenBLAS: torch's MKL takes
+#: slow paths for decode-sized row counts on AMD CPUs (2.5-4x slower, see docs/BENCHMARKS.md),
+#: and for large row counts both reach the same GFLOP/s. Routing every CPU matmul to one
+#: library keeps a single thread pool busy: with torch's OpenMP pool next to OpenBLAS's, idle
+#: threads of one pool spin on the cores the other needs (decode steps measured 4x slower).
+NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", str(1 << 30)))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,13 +47,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @torch.no_grad()
 def use_input_major_layout(module: nn.Module) -> None:
-    """Re-store every Linear weight as an ``[in, out]`` buffer (seen through a transposed view).
+    """Re-store every Linear weight as an ``[in, out]`` buffer (seen through a transposed view),
+    and the embedding too, in NumPy-allocated memory.
 
-    Done once after loading, one layer at a time, so at most one extra weight exists at once.
+    NumPy asks the kernel for transparent huge pages on large buffers; torch's allocator does
+    not. Streaming 540 MB of weights per decode step through 4 KB pages cost ~25% in TLB misses
+    (measured: 28 vs 22 ms per step of matmuls). Done once after loading, one tensor at a time,
+    so at most one extra copy exists at once.
     """
     for sub in module.modules():
+        if getattr(sub, "weight", None) is None or sub.weight.dtype != torch.float32:
+            continue
         if isinstance(sub, Linear) and sub.weight.is_contiguous():
-            sub.weight = nn.Parameter(sub.weight.t().contiguous().t(), requires_grad=False)
+            sub.weight = nn.Parameter(_numpy_backed(sub.weight.t()).t(), requires_grad=False)
+        elif isinstance(sub, Embedding):
+            sub.weight = nn.Parameter(_numpy_backed(sub.weight), requires_grad=False)
+
+
+def _numpy_backed(t: torch.Tensor) -> torch.Tensor:
+    buf = np.empty(tuple(t.shape), dtype=np.float32)
+    buf[...] = t.numpy()
+    return torch.from_numpy(buf)
 
 
 def empty_param(
@@ -99,6 +116,8 @@ class RMSNorm(nn.Module):
         self.weight = empty_param((size,), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)
