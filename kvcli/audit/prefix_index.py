@@ -23,8 +23,11 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvcli.hashing import ROOT_SEED, hash_token_blocks
+
+_Seq = TypeVar("_Seq", str, bytes)
 
 _NONE = -1
 TIE_SCAN = 32
@@ -35,8 +38,9 @@ def token_bytes(token_ids: Sequence[int]) -> bytes:
     return array("I", token_ids).tobytes()
 
 
-def common_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings (bisection on C-level compares)."""
+def common_prefix_length(a: _Seq, b: _Seq) -> int:
+    """Length of the common prefix of two strings or byte strings, by bisection on C-level
+    slice compares (no per-character Python loop)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -123,13 +127,13 @@ class PrefixIndex:
         branch = self._branches.get(node)
         if branch is None:
             child = self._first_child[node]
-            return (common_bytes(self._tokens[child], query) // 4, child) if child != _NONE else (0, _NONE)
+            return (common_prefix_length(self._tokens[child], query) // 4, child) if child != _NONE else (0, _NONE)
         keys, ids = branch
         pos = bisect_left(keys, query)
         best, best_child = 0, _NONE
         for j in (pos - 1, pos):
             if 0 <= j < len(keys):
-                shared = common_bytes(keys[j], query) // 4
+                shared = common_prefix_length(keys[j], query) // 4
                 if shared > best:
                     best, best_child = shared, ids[j]
         if best:
@@ -167,7 +171,7 @@ class PrefixIndex:
         entry = self._recent.get(hint) if hint is not None else None
         if entry is None or entry[0] != salt:
             return []
-        shared = common_bytes(entry[1], raw) // (4 * self.block_size)
+        shared = common_prefix_length(entry[1], raw) // (4 * self.block_size)
         return entry[2][:shared]
 
     def match(self, token_ids: Sequence[int], raw: bytes, salt: str | None, hint: int | None = None) -> Match:

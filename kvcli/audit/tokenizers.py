@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvcli.audit.encodings import ENCODINGS, EncodingSpec
+from kvcli.audit.prefix_index import common_prefix_length
 
 DEFAULT_ENCODING = "o200k_base"
 
@@ -177,18 +178,6 @@ class ModelTokenizer:
 
     def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
         return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-
-
-def common_prefix_length(a: str, b: str) -> int:
-    """Length of the longest common prefix, by bisection on C-level slice compares."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None) -> AuditTokenizer:
