@@ -59,13 +59,18 @@ class DecoderAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size, _ = self.split_sizes
+        v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+            q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+            q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
+            q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        else:  # RoPE on q and k heads together: half the element-wise ops per layer
+            heads = self.num_heads + self.num_kv_heads
+            qk = apply_rotary(qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim), *cos_sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attn.forward(q, k, v, kv_layer, meta)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
