@@ -170,9 +170,9 @@ def load_model(
 ) -> nn.Module:
     model_dir = Path(model_dir)
     model = build_model(read_model_config(model_dir), dtype, device)
-    load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
     if torch.device(device).type == "cpu":
-        use_input_major_layout(model)
+        use_input_major_layout(model, copy=False)  # before loading: weights go straight in
+    load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
     return model.eval()
 
 
