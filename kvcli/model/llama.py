@@ -20,6 +20,7 @@ from kvcli.model.layers import (
     gated_activation,
     linear,
 )
+from kvcli.model.numpy_decode import NumpyDecoder
 
 Device = torch.device | str
 
@@ -198,6 +199,12 @@ class LlamaForCausalLM(nn.Module):
     vocab_size = property(lambda self: self.config.vocab_size)
     max_position_embeddings = property(lambda self: self.config.max_position_embeddings)
 
+    _numpy_decoder: NumpyDecoder | None = None
+
+    def enable_fast_decode(self) -> None:
+        """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
+        self._numpy_decoder = NumpyDecoder(self) if NumpyDecoder.supports(self) else None
+
     @property
     def ignored_checkpoint_suffixes(self) -> tuple[str, ...]:
         # Old checkpoints store RoPE buffers; tied ones may also store a redundant lm_head copy.
@@ -212,6 +219,14 @@ class LlamaForCausalLM(nn.Module):
         attn_metadata: AttentionMetadata,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
+        if input_ids.shape[0] == 1 and self._numpy_decoder is not None:
+            context = attn_metadata.context_slots[0]
+            if context.shape[0] > 1:  # a decode token (the very first token has no context)
+                hidden = self._numpy_decoder(
+                    int(input_ids[0]), int(positions[0]), int(attn_metadata.slot_mapping[0]),
+                    context.numpy(), kv_cache.numpy(),
+                )
+                return torch.from_numpy(hidden)
         hidden = self.model.embed_tokens(input_ids)
         cos_sin = self.model.rotary.cos_sin(positions)
         for index, layer in enumerate(self.model.layers):

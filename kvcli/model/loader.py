@@ -173,6 +173,8 @@ def load_model(
     if torch.device(device).type == "cpu":
         use_input_major_layout(model, copy=False)  # before loading: weights go straight in
     load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
+    if hasattr(model, "enable_fast_decode"):
+        model.enable_fast_decode()
     return model.eval()
 
 
