@@ -122,7 +122,7 @@ def test_duplicate_ids_on_resume_count_as_done_once_either_is_written(tiny_model
 
 @pytest.mark.slow
 def test_audit_names_every_bad_line_and_audits_the_rest(tmp_path) -> None:
-    inp = write_input(tmp_path / "in.jsonl", b"")  # unterminated: the audit has no line limit
+    inp = write_input(tmp_path / "in.jsonl", b'"}')  # a valid 50 MB line: skipped unread
     res = run("audit", str(inp), "--format", "json", "--fail-on", "never")
     assert res.returncode == 0 and "Traceback" not in res.stderr
     doc = json.loads(res.stdout)
@@ -133,6 +133,8 @@ def test_audit_names_every_bad_line_and_audits_the_rest(tmp_path) -> None:
     assert named == sorted(AUDIT_PROBLEMS)
     assert audited == [n for n in range(1, len(BAD_LINES) + 1) if n not in AUDIT_PROBLEMS]
     assert f"{inp}:11: messages: empty" in res.stderr
+    assert f"{inp}:19: line of 52,428,814 bytes is longer than the 16,777,216-byte limit" \
+        in res.stderr
 
 
 @pytest.mark.parametrize("setup, name, message", [

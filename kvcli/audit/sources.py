@@ -38,6 +38,29 @@ class RawRecord:
 
 Item = RawRecord | InputProblem
 
+#: A JSONL line longer than this is skipped unread (a per-line problem), like `kvcli generate
+#: --max-line-bytes`: no prompt a context window can hold comes near it, and reading a 500 MB
+#: line whole would need gigabytes.
+MAX_LINE_BYTES = 16 << 20
+_SKIP_CHUNK = 1 << 20
+
+
+@dataclass(slots=True)
+class _LongLine:
+    size: int  # bytes, skipped unread
+
+
+def _bounded_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes | _LongLine]:
+    """The stream's lines (blank ones included, so numbers stay true), never a huge one whole."""
+    while chunk := stream.readline(limit + 1):
+        if len(chunk) <= limit or chunk.endswith(b"\n"):
+            yield chunk
+            continue
+        size = len(chunk)
+        while (more := stream.readline(_SKIP_CHUNK)) and not more.endswith(b"\n"):
+            size += len(more)
+        yield _LongLine(size + len(more.rstrip(b"\r\n")))
+
 
 def describe_json_error(err: Exception) -> str:
     """orjson's message, worded for people (its depth limit is 1024 levels)."""
@@ -63,11 +86,16 @@ def parse_json(text: str, where: str) -> Any | InputProblem:
         return InputProblem(where, f"invalid JSON: {type(err).__name__}")
 
 
-def iter_jsonl(lines: Iterable[bytes], name: str) -> Iterator[Item]:
-    """One record per non-blank line; `lines` may be a file (streamed)."""
+def iter_jsonl(lines: Iterable[bytes | _LongLine], name: str) -> Iterator[Item]:
+    """One record per non-blank line; `lines` may be a stream's _bounded_lines."""
     seen = False
     for number, raw in enumerate(lines, start=1):
         where = f"{name}:{number}"
+        if isinstance(raw, _LongLine):
+            seen = True
+            yield InputProblem(where, f"line of {raw.size:,} bytes is longer than the "
+                                      f"{MAX_LINE_BYTES:,}-byte limit: skipped unread")
+            continue
         if number == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8) :]
         if not raw.strip():
@@ -152,9 +180,9 @@ def iter_sniffed(stream: IO[bytes], name: str) -> Iterator[Item]:
         yield from iter_json_document(first + second + stream.read(), name)
 
 
-def _chain_first(lines: list[bytes], stream: IO[bytes]) -> Iterator[bytes]:
+def _chain_first(lines: list[bytes], stream: IO[bytes]) -> Iterator[bytes | _LongLine]:
     yield from (line for line in lines if line)
-    yield from stream
+    yield from _bounded_lines(stream)
 
 
 def iter_file(path: Path) -> Iterator[Item]:
@@ -163,7 +191,7 @@ def iter_file(path: Path) -> Iterator[Item]:
     try:
         with path.open("rb") as f:
             if suffix in JSONL_SUFFIXES:
-                yield from iter_jsonl(f, name)
+                yield from iter_jsonl(_bounded_lines(f), name)
             elif suffix in JSON_SUFFIXES:
                 yield from iter_json_document(f.read(), name)
             elif suffix in TEXT_SUFFIXES:
