@@ -74,22 +74,32 @@ class _FirstTokenClock:
 
 
 @dataclass(slots=True)
-class HFGenerateSystem:
-    """transformers generate(), greedy, left-padded batches of `batch_size` in input order."""
+class _HFModel:
+    """A transformers model loaded once (outside any timing) with its forward-token counter."""
 
     model_dir: Path
-    batch_size: int = 8
-    name: str = HF_GENERATE
     _loaded: tuple[Any, ForwardTokenCounter, int] = field(init=False)
 
     def __post_init__(self) -> None:
         self._loaded = load_hf_model(self.model_dir)
 
+    def _start(self) -> tuple[Any, ForwardTokenCounter, int]:
+        model, counter, pad = self._loaded
+        counter.count = 0
+        return model, counter, pad
+
+
+@dataclass(slots=True)
+class HFGenerateSystem(_HFModel):
+    """transformers generate(), greedy, left-padded batches of `batch_size` in input order."""
+
+    batch_size: int = 8
+    name: str = HF_GENERATE
+
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
         import torch
 
-        model, counter, pad = self._loaded
-        counter.count = 0
+        model, counter, pad = self._start()
         start = time.perf_counter()
         outputs: list[list[int]] = []
         ttfts: list[float] = []
@@ -121,23 +131,17 @@ def _drop_psutil_notes(record: logging.LogRecord) -> bool:
 
 
 @dataclass(slots=True)
-class HFGenerateBatchSystem:
+class HFGenerateBatchSystem(_HFModel):
     """transformers' continuous batching (generate_batch) with paged attention and block sharing."""
 
-    model_dir: Path
     page_size: int = 32
     max_batch_tokens: int = 1024
     name: str = HF_GENERATE_BATCH
-    _loaded: tuple[Any, ForwardTokenCounter, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._loaded = load_hf_model(self.model_dir)
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        model, counter, pad = self._loaded
-        counter.count = 0
+        model, counter, pad = self._start()
         # On CPU the paged cache would otherwise be sized from ~90% of RAM: size it to the work.
         pages = pages_needed(prompts, max_new_tokens, self.page_size)
         cb_config = ContinuousBatchingConfig(page_size=self.page_size, num_blocks=pages,
