@@ -103,7 +103,7 @@ class LLMEngine:
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(rid, list(prompt_token_ids), params, cache_salt=cache_salt,
                           block_size=self.config.block_size, eos_token_ids=self.eos_token_ids,
-                          arrival_index=self._arrivals)
+                          arrival_index=self._arrivals, parent_id=request_id)
             self._arrivals += 1
             children.append(req)
         self._groups[request_id] = children
@@ -180,8 +180,7 @@ class LLMEngine:
         return []
 
     def _on_finished(self, req: Request) -> RequestOutput | None:
-        parent = req.request_id.rpartition("#")[0] if req.request_id not in self._groups else \
-            req.request_id
+        parent = req.parent_id or req.request_id
         group = self._groups.get(parent)
         if group is None or not all(r.is_finished for r in group):
             return None

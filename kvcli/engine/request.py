@@ -103,6 +103,7 @@ class Request:
     block_size: int = DEFAULT_BLOCK_SIZE
     eos_token_ids: tuple[int, ...] = ()
     arrival_index: int = 0
+    parent_id: str | None = None  # the id the user gave (an n > 1 sample's id is "parent#i")
     # --- state advanced by the engine ---
     output_token_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)  # prompt + output

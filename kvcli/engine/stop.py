@@ -22,9 +22,12 @@ def check_stop(
         req.stop_reason = last
         return RequestStatus.FINISHED_STOPPED
     if sp.stop:
-        text = decode(req.output_token_ids)
-        # Only the tail can hold a new match: the previous token's text was checked already.
-        tail_from = max(0, len(text) - max(len(s) for s in sp.stop) - 16)
+        # Only a match ending in the newest text is new (earlier text was checked at earlier
+        # steps), so decode just a tail window: a stop string of k characters spans at most 4k
+        # tokens (byte-level tokens), and the window never grows with the output.
+        longest = max(len(s) for s in sp.stop)
+        text = decode(req.output_token_ids[-(4 * longest + 8):])
+        tail_from = max(0, len(text) - longest - 16)
         for s in sp.stop:
             if text.find(s, tail_from) >= 0:
                 req.stop_reason = s
