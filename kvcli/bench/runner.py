@@ -48,6 +48,8 @@ def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int
     result = system.run(prompts, max_new_tokens)
     wall = time.perf_counter() - start
     peak, growth = rss.stop()
+    if result.peak_rss_mb is not None:  # the system ran in its own process
+        peak, growth = result.peak_rss_mb, None
     return TimedRun(result, wall, peak, growth)
 
 

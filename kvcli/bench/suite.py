@@ -9,7 +9,7 @@ from typing import Any
 
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache")
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm")
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -28,6 +28,7 @@ class BenchConfig:
     hf_page_size: int = 32
     max_num_batched_tokens: int = 1024
     warmup: bool = True
+    vllm_python: Path | None = None
 
 
 def parse_compare(value: str) -> list[str]:
@@ -62,7 +63,9 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
-        if name == "hf-generate":
+        if name == "vllm":
+            systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
+        elif name == "hf-generate":
             systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
         elif name == "hf-generate-batch":
             systems.append(HFGenerateBatchSystem(model_dir, cfg.hf_page_size,
@@ -72,19 +75,48 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
     return systems
 
 
+def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
+               progress: Callable[[str], None]) -> Any:
+    import torch
+
+    from kvcli.bench.vllm_system import VllmSystem
+
+    assert cfg.vllm_python is not None  # checked by the command before any loading
+    progress("  vLLM compiles the model on every start (minutes); load is not timed")
+    system = VllmSystem(cfg.vllm_python, model_dir, cfg.max_num_batched_tokens, max_model_len,
+                        cfg.threads or torch.get_num_threads()).start()
+    progress(f"  vllm {system.version} loaded in {system.load_s:.1f} s")
+    return system
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     """The report: one workload's document, or {"runs": [...]} for several."""
     import torch
 
-    from kvcli.bench.measure import machine_info
-    from kvcli.bench.runner import check_fits, run_workload
-    from kvcli.bench.workloads import build_workload
-    from kvcli.model.resolve import DEFAULT_MODEL_NAME, resolve_model
+    from kvcli.model.resolve import resolve_model
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     model_dir = Path(resolve_model(cfg.model))
     systems = load_systems(model_dir, cfg, progress)
+    try:
+        docs = _run_workloads(cfg, systems, model_dir, progress)
+    finally:
+        for system in systems:
+            if hasattr(system, "close"):
+                system.close()
+    return docs[0] if len(docs) == 1 else {"runs": docs}
+
+
+def _run_workloads(cfg: BenchConfig, systems: list[Any], model_dir: Path,
+                   progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    import torch
+
+    from kvcli.bench.measure import machine_info
+    from kvcli.bench.runner import check_fits, run_workload
+    from kvcli.bench.workloads import build_workload
+    from kvcli.model.resolve import DEFAULT_MODEL_NAME
+
     kvcli = systems[0]
     docs = []
     for name in cfg.workloads:
@@ -96,4 +128,4 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None]) -> dict[str, An
         docs.append({"workload": name, "model": cfg.model or DEFAULT_MODEL_NAME,
                      "model_dir": str(model_dir), "seed": cfg.seed, "scale": cfg.scale,
                      "machine": machine, **section})
-    return docs[0] if len(docs) == 1 else {"runs": docs}
+    return docs

@@ -24,6 +24,7 @@ class RunResult:
     ttfts: list[float]  # seconds from the start of the run to each request's first token
     cached_tokens: int | None = None
     kv_utilization: float | None = None
+    peak_rss_mb: float | None = None  # set by systems in another process (the vLLM peer)
     details: dict[str, Any] = field(default_factory=dict)
 
 

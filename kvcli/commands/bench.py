@@ -32,8 +32,12 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="Model name or local directory / .gguf file.")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
-              help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache "
-                   "('none' for kvcli alone).")
+              help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
+                   "vllm ('none' for kvcli alone).")
+@click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="KVCLI_VLLM_PYTHON",
+              help="--compare vllm: the python of a venv with vLLM's CPU backend "
+                   "(env KVCLI_VLLM_PYTHON).")
 @click.option("--num-prompts", type=click.IntRange(min=1),
               help="Requests per workload (default: shared-prefix 32, chat-sessions 16, "
                    "distinct 32; decode-1 is always 1).")
@@ -75,6 +79,10 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'kvcli[bench]' "
                                "(or pip install matplotlib)")
+    if "vllm" in compare and opts.get("vllm_python") is None:
+        from kvcli.bench.vllm_system import INSTALL_HINT
+
+        raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
     cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
                       warmup=not no_warmup, **opts)
     report = _run(cfg, quiet)
@@ -94,7 +102,7 @@ def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
         return run_bench(cfg, progress)
     except (ModelResolveError, BenchConfigError) as err:
         raise click.UsageError(str(err)) from None
-    except RuntimeError as err:
+    except RuntimeError as err:  # includes VllmUnavailable
         raise click.ClickException(str(err)) from None
 
 
