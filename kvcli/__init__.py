@@ -6,9 +6,21 @@ The engine is imported lazily so that `import kvcli` (and `kvcli --help`,
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Thread-pool manners, set before torch or NumPy load (a user's own setting wins). CPU matmuls
+# run on NumPy's OpenBLAS threads, element-wise ops on torch's OpenMP pool, decode attention on
+# the native kernel's threads: all on the same few cores. Idle OpenMP threads must sleep, not
+# spin (spinning made decode steps 4-20x slower on 2 cores), and OpenBLAS threads spin 2^20
+# cycles (~0.3 ms) instead of its default 2^28 (~0.1 s), long enough to bridge the gaps
+# between one layer's matmuls but not to steal a core from the attention kernel between layers
+# (its in-situ time halved: docs/BENCHMARKS.md).
+THREAD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "20"}
+for _key, _value in THREAD_ENV_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)
 
 if TYPE_CHECKING:
     from kvcli.engine.llm import LLM

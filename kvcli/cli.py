@@ -7,15 +7,9 @@ time; torch and transformers are imported inside the command bodies, so
 
 from __future__ import annotations
 
-import os
-
 import click
 
-# Before torch loads (see kvcli/engine/__init__.py): OpenMP threads must not spin-wait
-# while NumPy's OpenBLAS threads work, or a 2-core machine thrashes.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from kvcli import __version__
+from kvcli import __version__  # also sets the thread-pool environment (kvcli/__init__.py)
 from kvcli.commands.audit import audit
 from kvcli.commands.bench import bench
 from kvcli.commands.generate import generate

@@ -45,6 +45,7 @@ CONFIGS = {
     "chunked": dict(max_num_batched_tokens=5),
     "preemption": dict(num_blocks=14, max_num_batched_tokens=64),
     "cache-aware": dict(scheduling="cache-aware", max_num_seqs=3),
+    "torch-attention": dict(),  # decode attention without the native kernel (batched + cascade)
 }
 
 
@@ -56,7 +57,11 @@ def family_setup(request, tiny_models):
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_greedy_equals_transformers(family_setup, config):
+def test_greedy_equals_transformers(family_setup, config, monkeypatch):
+    if config == "torch-attention":
+        from kvcli.engine import model_runner
+
+        monkeypatch.setattr(model_runner.native, "load", lambda: None)
     model_dir, ref = family_setup
     llm = LLM(str(model_dir), block_size=BLOCK, **CONFIGS[config])
     prompts = make_prompts(llm.engine.vocab_size)
@@ -74,8 +79,14 @@ def test_greedy_equals_transformers(family_setup, config):
         assert stats["preemptions"] > 0
 
 
-def test_shared_prefix_cascade_equals_transformers(tiny_models):
-    """All decoding sequences share a cached prefix: decode attends it once (cascade)."""
+@pytest.mark.parametrize("kernel", ["native", "torch-cascade"])
+def test_shared_prefix_cascade_equals_transformers(tiny_models, kernel, monkeypatch):
+    """All decoding sequences share a cached prefix: the native kernel reads it in place; the
+    torch path attends it once for all of them (cascade)."""
+    if kernel == "torch-cascade":
+        from kvcli.engine import model_runner
+
+        monkeypatch.setattr(model_runner.native, "load", lambda: None)
     model_dir = tiny_models["llama-gqa"]
     ref = HFReference(model_dir, MAX_NEW)
     llm = LLM(str(model_dir), block_size=BLOCK)

@@ -89,4 +89,5 @@ def machine_info(threads: int) -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
     }

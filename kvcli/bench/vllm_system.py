@@ -49,7 +49,8 @@ def runner_env(threads: int) -> dict[str, str]:
     }
     for key, value in defaults.items():
         env.setdefault(key, value)
-    env.pop("OMP_WAIT_POLICY", None)  # vLLM binds and spins its own pool, as it ships
+    for key in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"):  # kvcli's; vLLM runs as it ships
+        env.pop(key, None)
     return env
 
 

@@ -13,6 +13,7 @@ import torch
 from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
+from kvcli.model import native
 from kvcli.model.attention import build_attention_metadata
 
 
@@ -30,6 +31,9 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = sampler
         self.device = torch.device(device)
+        # The native paged-decode kernel where it applies (CPU float32) and could be built.
+        cpu_f32 = self.device.type == "cpu" and kv_cache.dtype == torch.float32
+        self.native = native.load() if cpu_f32 else None
 
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
@@ -67,7 +71,8 @@ class ModelRunner:
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(req)
         meta = build_attention_metadata(
-            block_tables, num_computed, list(out.num_new_tokens), self.block_size, self.device
+            block_tables, num_computed, list(out.num_new_tokens), self.block_size, self.device,
+            self.native,
         )
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)

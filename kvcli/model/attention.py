@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from kvcli.model.decode_batch import DecodeBatch, build_decode_batches, decode_attention
+from kvcli.model.decode_batch import (
+    DecodeBatch,
+    PagedDecode,
+    build_decode_batches,
+    build_paged_decode,
+    decode_attention,
+)
+from kvcli.model.native import paged_decode_attention
 
 
 @dataclass(slots=True)
@@ -30,6 +37,9 @@ class AttentionMetadata:
     mask_cache: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     block_size: int = 0
     decode: list[DecodeBatch] = field(default_factory=list)  # batched single-token sequences
+    # With the native kernel (CPU float32): all single-token sequences, read through their tables.
+    paged_decode: PagedDecode | None = None
+    native: Any = None  # the loaded kvcli.model.native library
 
     @property
     def num_seqs(self) -> int:
@@ -42,8 +52,12 @@ def build_attention_metadata(
     num_new: list[int],
     block_size: int,
     device: torch.device | str,
+    native: Any = None,
 ) -> AttentionMetadata:
-    """Metadata for one step; sequence s computes tokens num_computed[s] : num_computed[s] + num_new[s]."""
+    """Metadata for one step; sequence s computes tokens num_computed[s] : num_computed[s] + num_new[s].
+
+    ``native`` (kvcli.model.native.load(), CPU float32 only) sends decode rows to its kernel.
+    """
     if not len(block_tables) == len(num_computed) == len(num_new):
         raise ValueError("block_tables, num_computed and num_new must have one entry per sequence")
     offsets = torch.arange(block_size, dtype=torch.int64)
@@ -65,14 +79,20 @@ def build_attention_metadata(
         new_slots.append(slots[computed:])
         seq_lens.append(length)
         query_start_loc.append(query_start_loc[-1] + new)
-    return AttentionMetadata(
+    meta = AttentionMetadata(
         slot_mapping=torch.cat(new_slots).to(device),
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
         context_slots=context_slots,
         block_size=block_size,
-        decode=build_decode_batches(block_tables, seq_lens, query_start_loc, block_size, device),
+        native=native,
     )
+    if native is not None:
+        meta.paged_decode = build_paged_decode(block_tables, seq_lens, query_start_loc, block_size)
+    else:
+        meta.decode = build_decode_batches(block_tables, seq_lens, query_start_loc, block_size,
+                                           device)
+    return meta
 
 
 class KVCacheSpec(Protocol):
@@ -98,6 +118,8 @@ def allocate_kv_cache(
 ) -> torch.Tensor:
     # Zeroed rather than empty so that a bookkeeping bug reads zeros, not NaN garbage.
     shape = (spec.num_layers, 2, num_blocks * block_size, spec.num_kv_heads, spec.head_dim)
+    # Not a lazily zeroed (calloc) pool: first-touch page faults then land inside decode steps,
+    # one per new block and layer, and cost ~20 us each on a VM (32x slower KV writes, measured).
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
@@ -147,7 +169,13 @@ class TorchSDPAAttention:
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         batched: set[int] = set()
-        if self.sliding_window is None:
+        if meta.paged_decode is not None:
+            pd = meta.paged_decode
+            out[pd.rows] = paged_decode_attention(
+                meta.native, q[pd.rows], kv_layer, pd.block_tables, pd.seq_lens,
+                meta.block_size, self.sliding_window, self.scale)
+            batched.update(pd.seqs)
+        elif self.sliding_window is None:
             for batch in meta.decode:
                 rows = batch.rows
                 out[rows] = decode_attention(q[rows], kv_layer, batch, meta.block_size, self.scale)

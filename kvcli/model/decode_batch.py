@@ -33,6 +33,43 @@ class DecodeBatch:
     valid: torch.Tensor  # [S, 1, 1, max_blocks * block_size] bool: real (not padding) keys
 
 
+@dataclass(slots=True)
+class PagedDecode:
+    """All single-token sequences of a step, for the native kernel (kvcli.model.native), which
+    reads K/V through the block tables itself: no gather, no padding copies, no cascade split."""
+
+    seqs: list[int]
+    rows: torch.Tensor  # [S] int64: their rows in the packed batch
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0 (never read)
+    seq_lens: torch.Tensor  # [S] int64
+
+
+def build_paged_decode(
+    block_tables: list[list[int]],
+    seq_lens: list[int],
+    query_start_loc: list[int],
+    block_size: int,
+) -> PagedDecode | None:
+    seqs = _decode_seqs(seq_lens, query_start_loc)
+    if not seqs:
+        return None
+    nblocks = [-(-seq_lens[s] // block_size) for s in seqs]
+    width = max(nblocks)
+    padded = [block_tables[s][:n] + [0] * (width - n) for s, n in zip(seqs, nblocks, strict=True)]
+    return PagedDecode(
+        seqs=seqs,
+        rows=torch.tensor([query_start_loc[s] for s in seqs]),
+        block_tables=torch.tensor(padded, dtype=torch.int64),
+        seq_lens=torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64),
+    )
+
+
+def _decode_seqs(seq_lens: list[int], query_start_loc: list[int]) -> list[int]:
+    """Sequences computing exactly one token after a non-empty context."""
+    return [s for s in range(len(seq_lens)) if query_start_loc[s + 1] - query_start_loc[s] == 1
+            and seq_lens[s] > 1]
+
+
 def _common_prefix(tables: list[list[int]], limit: int) -> int:
     first = tables[0]
     n = 0
@@ -51,8 +88,7 @@ def build_decode_batches(
     """The step's decode sequences, grouped by their first block so that each group sharing a
     cached prefix gets a cascade; the rest form one plain batch. Empty when fewer than two
     sequences decode (the per-sequence path is as fast then)."""
-    seqs = [s for s in range(len(seq_lens)) if query_start_loc[s + 1] - query_start_loc[s] == 1
-            and seq_lens[s] > 1]
+    seqs = _decode_seqs(seq_lens, query_start_loc)
     if len(seqs) < 2:
         return []
     groups: dict[int, list[int]] = {}

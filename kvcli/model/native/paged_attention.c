@@ -1,0 +1,132 @@
+/* Paged decode attention for CPU float32: one query token per sequence, keys and values read
+ * straight from the paged KV cache through each sequence's block table.
+ *
+ * The torch fallback has to gather every sequence's blocks into a padded copy per layer
+ * (index_select), then run SDPA over it: three passes over the context, padded to the longest
+ * sequence. This kernel reads each K and V row once, where it lies, and uses it for all the
+ * query heads of its group (grouped-query attention without copies). Work items are
+ * (sequence, KV head) pairs split across threads by context length.
+ *
+ * Built by kvcli/model/native/__init__.py with the system C compiler on first use and cached.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const float *q;              /* [S, H, D] */
+    const float *k;              /* [num_slots, Hkv, D]: slot = block * block_size + offset */
+    const float *v;              /* same layout as k */
+    const int64_t *block_tables; /* [S, max_blocks] */
+    const int64_t *seq_lens;     /* [S]: context length including the new token */
+    float *out;                  /* [S, H, D] */
+    int64_t num_heads, num_kv_heads, head_dim, block_size, max_blocks, window;
+    float scale;
+    int64_t begin, end; /* work items [begin, end) of S * Hkv */
+    int status;
+} job_t;
+
+static float dot(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+/* Attention of the `group` query heads sharing KV head h of sequence s. */
+static void attend(const job_t *j, int64_t s, int64_t h, float *scores, float *acc) {
+    const int64_t D = j->head_dim, Hkv = j->num_kv_heads, bs = j->block_size;
+    const int64_t group = j->num_heads / Hkv, len = j->seq_lens[s];
+    const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
+    const int64_t n = len - first;
+    const int64_t *table = j->block_tables + s * j->max_blocks;
+    const float *q = j->q + (s * j->num_heads + h * group) * D;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t pos = first + t;
+        const float *key = j->k + ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;
+        for (int64_t g = 0; g < group; g++) scores[g * n + t] = dot(q + g * D, key, D) * j->scale;
+    }
+    memset(acc, 0, sizeof(float) * group * D);
+    for (int64_t g = 0; g < group; g++) {
+        float *row = scores + g * n, top = row[0], sum = 0.0f;
+        for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;
+        for (int64_t t = 0; t < n; t++) {
+            row[t] = expf(row[t] - top);
+            sum += row[t];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t t = 0; t < n; t++) row[t] *= inv;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t pos = first + t;
+        const float *value = j->v + ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;
+        for (int64_t g = 0; g < group; g++) {
+            const float p = scores[g * n + t];
+            float *a = acc + g * D;
+            for (int64_t d = 0; d < D; d++) a[d] += p * value[d];
+        }
+    }
+    memcpy(j->out + (s * j->num_heads + h * group) * D, acc, sizeof(float) * group * D);
+}
+
+static void *run_job(void *arg) {
+    job_t *j = (job_t *)arg;
+    const int64_t Hkv = j->num_kv_heads, group = j->num_heads / Hkv;
+    int64_t longest = 1;
+    for (int64_t i = j->begin; i < j->end; i++)
+        longest = j->seq_lens[i / Hkv] > longest ? j->seq_lens[i / Hkv] : longest;
+    float *scores = malloc(sizeof(float) * group * longest);
+    float *acc = malloc(sizeof(float) * group * j->head_dim);
+    if (!scores || !acc) {
+        j->status = 1;
+    } else {
+        for (int64_t i = j->begin; i < j->end; i++) attend(j, i / Hkv, i % Hkv, scores, acc);
+    }
+    free(scores);
+    free(acc);
+    return NULL;
+}
+
+/* Returns 0 on success, 1 when memory ran out. */
+int kvcli_paged_decode_attention(const float *q, const float *k, const float *v,
+                                 const int64_t *block_tables, const int64_t *seq_lens, float *out,
+                                 int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                                 int64_t head_dim, int64_t block_size, int64_t max_blocks,
+                                 int64_t window, float scale, int64_t num_threads) {
+    enum { MAX_THREADS = 64 };
+    job_t jobs[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    const int64_t items = num_seqs * num_kv_heads;
+    if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
+    if (num_threads > items) num_threads = items;
+    if (num_threads < 1) num_threads = 1;
+    /* Split items into contiguous ranges of about equal context length (the work). */
+    int64_t total = 0;
+    for (int64_t s = 0; s < num_seqs; s++) total += seq_lens[s] * num_kv_heads;
+    int64_t item = 0, done = 0;
+    for (int64_t t = 0; t < num_threads; t++) {
+        job_t *j = &jobs[t];
+        *j = (job_t){q, k, v, block_tables, seq_lens, out, num_heads, num_kv_heads, head_dim,
+                     block_size, max_blocks, window, scale, item, item, 0};
+        const int64_t target = total * (t + 1) / num_threads;
+        while (item < items && (done < target || t == num_threads - 1)) {
+            done += seq_lens[item / num_kv_heads];
+            item++;
+        }
+        j->end = item;
+    }
+    int64_t started = 0;
+    for (int64_t t = 1; t < num_threads; t++) {
+        if (pthread_create(&threads[t], NULL, run_job, &jobs[t]) != 0) break;
+        started = t;
+    }
+    for (int64_t t = started + 1; t < num_threads; t++) run_job(&jobs[t]); /* no thread: inline */
+    run_job(&jobs[0]);
+    int status = jobs[0].status;
+    for (int64_t t = 1; t < num_threads; t++) {
+        if (t <= started) pthread_join(threads[t], NULL);
+        status |= jobs[t].status;
+    }
+    return status;
+}
