@@ -28,47 +28,61 @@ typedef struct {
     int status;
 } job_t;
 
-static float dot(const float *a, const float *b, int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
-}
+/* ATTEND(NAME, DIM) defines the attention of the `group` query heads sharing KV head h of
+ * sequence s. DIM is a compile-time head size where one is given (64, 128: the inner loops
+ * unroll into vector registers) and the runtime j->head_dim otherwise. Each K and V row is
+ * loaded once and used by all the group's query heads. `rows` holds each context token's
+ * offset in the cache (one block-table lookup per token), `scores` [group, n], `acc`
+ * [group, D]; the softmax's 1/sum is applied once to the output. */
+#define ATTEND(NAME, DIM)                                                                      \
+    static void NAME(const job_t *j, int64_t s, int64_t h, int64_t *rows, float *scores,      \
+                     float *acc) {                                                             \
+        const int64_t D = (DIM), Hkv = j->num_kv_heads, bs = j->block_size;                    \
+        const int64_t group = j->num_heads / Hkv, len = j->seq_lens[s];                        \
+        const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;        \
+        const int64_t n = len - first;                                                         \
+        const int64_t *table = j->block_tables + s * j->max_blocks;                            \
+        const float *q = j->q + (s * j->num_heads + h * group) * D;                            \
+        for (int64_t t = 0; t < n; t++) {                                                      \
+            const int64_t pos = first + t;                                                     \
+            rows[t] = ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;                       \
+        }                                                                                      \
+        for (int64_t t = 0; t < n; t++) {                                                      \
+            const float *key = j->k + rows[t];                                                 \
+            for (int64_t g = 0; g < group; g++) {                                              \
+                const float *qg = q + g * D;                                                   \
+                float dot = 0.0f;                                                              \
+                for (int64_t d = 0; d < D; d++) dot += qg[d] * key[d];                         \
+                scores[g * n + t] = dot * j->scale;                                            \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t g = 0; g < group; g++) {                                                  \
+            float *row = scores + g * n, top = row[0];                                         \
+            for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;                 \
+            for (int64_t t = 0; t < n; t++) row[t] = expf(row[t] - top);                       \
+        }                                                                                      \
+        for (int64_t i = 0; i < group * D; i++) acc[i] = 0.0f;                                 \
+        for (int64_t t = 0; t < n; t++) {                                                      \
+            const float *value = j->v + rows[t];                                               \
+            for (int64_t g = 0; g < group; g++) {                                              \
+                const float p = scores[g * n + t];                                             \
+                float *a = acc + g * D;                                                        \
+                for (int64_t d = 0; d < D; d++) a[d] += p * value[d];                          \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t g = 0; g < group; g++) {                                                  \
+            const float *row = scores + g * n;                                                 \
+            float sum = 0.0f;                                                                  \
+            for (int64_t t = 0; t < n; t++) sum += row[t];                                     \
+            const float inv = 1.0f / sum;                                                      \
+            float *o = j->out + (s * j->num_heads + h * group + g) * D;                        \
+            for (int64_t d = 0; d < D; d++) o[d] = acc[g * D + d] * inv;                       \
+        }                                                                                      \
+    }
 
-/* Attention of the `group` query heads sharing KV head h of sequence s. */
-static void attend(const job_t *j, int64_t s, int64_t h, float *scores, float *acc) {
-    const int64_t D = j->head_dim, Hkv = j->num_kv_heads, bs = j->block_size;
-    const int64_t group = j->num_heads / Hkv, len = j->seq_lens[s];
-    const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
-    const int64_t n = len - first;
-    const int64_t *table = j->block_tables + s * j->max_blocks;
-    const float *q = j->q + (s * j->num_heads + h * group) * D;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = first + t;
-        const float *key = j->k + ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;
-        for (int64_t g = 0; g < group; g++) scores[g * n + t] = dot(q + g * D, key, D) * j->scale;
-    }
-    memset(acc, 0, sizeof(float) * group * D);
-    for (int64_t g = 0; g < group; g++) {
-        float *row = scores + g * n, top = row[0], sum = 0.0f;
-        for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;
-        for (int64_t t = 0; t < n; t++) {
-            row[t] = expf(row[t] - top);
-            sum += row[t];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t t = 0; t < n; t++) row[t] *= inv;
-    }
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = first + t;
-        const float *value = j->v + ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;
-        for (int64_t g = 0; g < group; g++) {
-            const float p = scores[g * n + t];
-            float *a = acc + g * D;
-            for (int64_t d = 0; d < D; d++) a[d] += p * value[d];
-        }
-    }
-    memcpy(j->out + (s * j->num_heads + h * group) * D, acc, sizeof(float) * group * D);
-}
+ATTEND(attend_64, 64)
+ATTEND(attend_128, 128)
+ATTEND(attend_any, j->head_dim)
 
 static void *run_job(void *arg) {
     job_t *j = (job_t *)arg;
@@ -76,13 +90,17 @@ static void *run_job(void *arg) {
     int64_t longest = 1;
     for (int64_t i = j->begin; i < j->end; i++)
         longest = j->seq_lens[i / Hkv] > longest ? j->seq_lens[i / Hkv] : longest;
+    int64_t *rows = malloc(sizeof(int64_t) * longest);
     float *scores = malloc(sizeof(float) * group * longest);
     float *acc = malloc(sizeof(float) * group * j->head_dim);
-    if (!scores || !acc) {
+    if (!rows || !scores || !acc) {
         j->status = 1;
     } else {
-        for (int64_t i = j->begin; i < j->end; i++) attend(j, i / Hkv, i % Hkv, scores, acc);
+        void (*attend)(const job_t *, int64_t, int64_t, int64_t *, float *, float *) =
+            j->head_dim == 64 ? attend_64 : j->head_dim == 128 ? attend_128 : attend_any;
+        for (int64_t i = j->begin; i < j->end; i++) attend(j, i / Hkv, i % Hkv, rows, scores, acc);
     }
+    free(rows);
     free(scores);
     free(acc);
     return NULL;
