@@ -35,28 +35,11 @@ class ModelRunner:
         cpu_f32 = self.device.type == "cpu" and kv_cache.dtype == torch.float32
         self.native = native.load() if cpu_f32 else None
 
+    @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
     ) -> tuple[list[Request], SampleResult]:
-        """Run one step; returns the requests that sampled and their new tokens.
-
-        On CPU the matmuls run on OpenBLAS's threads (kvcli.model.layers.linear), so torch's
-        own ops run single-threaded for the step: two busy thread pools on the same cores
-        stall each other. The caller's torch thread count is restored afterwards.
-        """
-        if self.device.type != "cpu":
-            return self._execute(out, block_tables)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return self._execute(out, block_tables)
-        finally:
-            torch.set_num_threads(threads)
-
-    @torch.inference_mode()
-    def _execute(
-        self, out: SchedulerOutput, block_tables: list[list[int]]
-    ) -> tuple[list[Request], SampleResult]:
+        """Run one step; returns the requests that sampled and their new tokens."""
         input_ids: list[int] = []
         positions: list[int] = []
         num_computed: list[int] = []

@@ -17,12 +17,12 @@ from torch import nn
 
 from kvcli.model.config import ModelConfigError, RopeConfig
 
-#: CPU float32 matmuls with at most this many rows go through NumPy's OpenBLAS: torch's MKL takes
-#: slow paths for decode-sized row counts on AMD CPUs (2.5-4x slower, see docs/BENCHMARKS.md),
-#: and for large row counts both reach the same GFLOP/s. Routing every CPU matmul to one
-#: library keeps a single thread pool busy: with torch's OpenMP pool next to OpenBLAS's, idle
-#: threads of one pool spin on the cores the other needs (decode steps measured 4x slower).
-NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", str(1 << 30)))
+#: CPU float32 matmuls with at most this many rows go through NumPy's OpenBLAS, the rest through
+#: torch. Measured in a whole model's weights (30 layers, cold caches, 2 cores): 1 row 20 ms
+#: (OpenBLAS) vs 34 ms (torch) per step; 8 rows 60 vs 54; 32 rows 78 vs 64-69; 1,024 rows 772 vs
+#: 723 (docs/BENCHMARKS.md). The pools coexist because OpenMP threads sleep when idle and
+#: OpenBLAS threads stop spinning after ~0.3 ms (kvcli/__init__.py).
+NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "4"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
