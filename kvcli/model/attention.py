@@ -167,6 +167,11 @@ class TorchSDPAAttention:
     ) -> torch.Tensor:
         kv_layer[0].index_copy_(0, meta.slot_mapping, k)
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
+        if meta.paged_decode is not None and len(meta.paged_decode.seqs) == q.shape[0]:
+            # A pure decode step: every row is one sequence's token, in order. No scatter.
+            pd = meta.paged_decode
+            return paged_decode_attention(meta.native, q, kv_layer, pd.block_tables, pd.seq_lens,
+                                          meta.block_size, self.sliding_window, self.scale)
         out = torch.empty_like(q)
         batched: set[int] = set()
         if meta.paged_decode is not None:
