@@ -79,3 +79,12 @@ def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
         assert native.load() is None  # the engine keeps its torch path
     finally:
         native.load.cache_clear()
+
+
+def test_loading_the_kernel_keeps_denormals():
+    """-ffast-math at link time would flush denormals to zero for torch and NumPy too."""
+    import numpy as np
+
+    assert native.load() is not None
+    assert np.float32(1e-39) * np.float32(1.5) != 0
+    assert (torch.tensor([1e-39]) * 1.5).item() != 0

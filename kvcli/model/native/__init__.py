@@ -23,10 +23,12 @@ import torch
 log = logging.getLogger("kvcli.native")
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
-# Reassociation lets the compiler vectorise the dot products and sums (float32 results then
-# differ from torch's in the last bits, as OpenBLAS's do); infinities and NaN keep IEEE rules.
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-pthread", "-fno-math-errno",
-         "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-ffp-contract=fast")
+# -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
+# from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (score exps were
+# a third of the kernel). It is given to the compile step only: linking with it would add
+# crtfastmath.o, which flushes denormals to zero for the whole process (torch and NumPy too).
+FLAGS = ("-O3", "-march=native", "-fPIC", "-pthread", "-ffast-math")
+LINK = ("-shared", "-pthread")
 I64, F32P, I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 
@@ -44,7 +46,7 @@ def _build(compiler: str) -> Path:
     from kvcli.model.resolve import kvcli_home
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version, _cpu_flags()])
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
     target = kvcli_home() / "kernels" / f"paged_attention-{key}.so"
     if target.exists():
@@ -52,13 +54,16 @@ def _build(compiler: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
+    obj = tmp[:-3] + ".o"
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True,
-                       capture_output=True, text=True, timeout=120)
+        for cmd in ([compiler, "-c", *FLAGS, str(SOURCE), "-o", obj],
+                    [compiler, *LINK, obj, "-o", tmp, "-lm"]):
+            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)  # atomic: concurrent builders each publish a whole file
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in (tmp, obj):
+            if os.path.exists(path):
+                os.unlink(path)
     return target
 
 
