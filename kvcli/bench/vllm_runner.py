@@ -22,7 +22,7 @@ _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _vm_kib(field: str) -> int | None:
+def _vm_kib(field: str) -> int | None:  # measure._status_kib; kvcli is not importable here
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith(field + ":"):

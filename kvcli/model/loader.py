@@ -175,7 +175,21 @@ def load_model(
     load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
     if hasattr(model, "enable_fast_decode"):
         model.enable_fast_decode()
+    _release_free_heap()
     return model.eval()
+
+
+def _release_free_heap() -> None:
+    """Hand the loader's freed scratch memory back to the OS (glibc keeps it otherwise:
+    ~27 MB of peak RSS for SmolLM2-135M). A no-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 __all__ = [
