@@ -65,7 +65,7 @@ def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
     native.load.cache_clear()
     try:
         assert native.load() is not None
-        built = list((tmp_path / "kernels").glob("paged_attention-*.so"))
+        built = list((tmp_path / "kernels").glob("kvcli-kernels-*.so"))
         assert len(built) == 1
         mtime = built[0].stat().st_mtime_ns
         native.load.cache_clear()
@@ -88,3 +88,32 @@ def test_loading_the_kernel_keeps_denormals():
     assert native.load() is not None
     assert np.float32(1e-39) * np.float32(1.5) != 0
     assert (torch.tensor([1e-39]) * 1.5).item() != 0
+
+
+@pytest.mark.parametrize("rows", [1, 17, 200])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch):
+    from kvcli.model.layers import apply_rotary
+
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(rows)
+    x, weight = torch.randn(rows, 96) * 3, torch.randn(96)
+    want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.allclose(native.rms_norm(lib, x, weight, 1e-5), want, atol=1e-5, rtol=1e-5)
+
+    gate_up = torch.randn(rows, 2 * 48) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    got = native.silu_and_mul(lib, gate_up)
+    assert torch.allclose(got, torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+    heads, kv, dim = 4, 2, 16  # q heads then k heads, then v heads left untouched
+    qkv = torch.randn(rows, (heads + 2 * kv) * dim)
+    angles = torch.rand(rows, dim // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    qk = qkv[:, : (heads + kv) * dim].reshape(rows, heads + kv, dim)
+    want = apply_rotary(qk, cos[:, None], sin[:, None])
+    v_before = qkv[:, (heads + kv) * dim :].clone()
+    native.rope_(lib, qkv, cos.contiguous(), sin.contiguous(), heads + kv, dim)
+    got = qkv[:, : (heads + kv) * dim].reshape(rows, heads + kv, dim)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, (heads + kv) * dim :], v_before)

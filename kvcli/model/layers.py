@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvcli.model import native
 from kvcli.model.config import ModelConfigError, RopeConfig
 
 #: CPU float32 matmuls with at most this many rows go through NumPy's OpenBLAS, the rest through
@@ -122,6 +123,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm
+            lib = native.for_tensor(x)
+            if lib is not None:  # one pass, threaded over rows
+                return native.rms_norm(lib, x, self.weight, self.eps)
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         input_dtype = x.dtype
         x = x.to(torch.float32)
@@ -152,6 +156,9 @@ def gated_activation(name: str, config_path: str):
         ) from None
 
     def act_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        lib = native.for_tensor(gate_up) if name == "silu" else None
+        if lib is not None:  # one pass instead of silu, a temporary and a product
+            return native.silu_and_mul(lib, gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return act(gate) * up
 

@@ -22,7 +22,7 @@ import torch
 
 log = logging.getLogger("kvcli.native")
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (score exps were
 # a third of the kernel). It is given to the compile step only: linking with it would add
@@ -46,22 +46,24 @@ def _build(compiler: str) -> Path:
     from kvcli.model.resolve import kvcli_home
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, *LINK, version, _cpu_flags()])
+    texts = [src.read_text() for src in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
-    target = kvcli_home() / "kernels" / f"paged_attention-{key}.so"
+    target = kvcli_home() / "kernels" / f"kvcli-kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    obj = tmp[:-3] + ".o"
+    objs = [f"{tmp[:-3]}-{src.stem}.o" for src in SOURCES]
     try:
-        for cmd in ([compiler, "-c", *FLAGS, str(SOURCE), "-o", obj],
-                    [compiler, *LINK, obj, "-o", tmp, "-lm"]):
+        cmds = [[compiler, "-c", *FLAGS, str(src), "-o", obj]
+                for src, obj in zip(SOURCES, objs, strict=True)]
+        for cmd in [*cmds, [compiler, *LINK, *objs, "-o", tmp, "-lm"]]:
             subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)  # atomic: concurrent builders each publish a whole file
     finally:
-        for path in (tmp, obj):
+        for path in (tmp, *objs):
             if os.path.exists(path):
                 os.unlink(path)
     return target
@@ -85,7 +87,19 @@ def load() -> ctypes.CDLL | None:
     fn = lib.kvcli_paged_decode_attention
     fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
     fn.restype = ctypes.c_int
+    lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
+    lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
+    lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
+    for name in ("kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
+        getattr(lib, name).restype = None
     return lib
+
+
+def for_tensor(x: torch.Tensor) -> ctypes.CDLL | None:
+    """The kernels, where ``x`` is a contiguous CPU float32 tensor they can work on."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
+        return None
+    return load()
 
 
 def num_threads() -> int:
@@ -119,3 +133,29 @@ def paged_decode_attention(
     if status:
         raise MemoryError("paged decode attention: out of memory for its score buffers")
     return out
+
+
+def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm over the last dim of a contiguous float32 ``x``."""
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    lib.kvcli_rms_norm(x.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
+                       x.numel() // dim, dim, eps, num_threads())
+    return out
+
+
+def silu_and_mul(lib: ctypes.CDLL, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for a contiguous ``[..., 2 * d]`` gate/up projection."""
+    dim = gate_up.shape[-1] // 2
+    out = gate_up.new_empty((*gate_up.shape[:-1], dim))
+    lib.kvcli_silu_and_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * dim),
+                           dim, num_threads())
+    return out
+
+
+def rope_(lib: ctypes.CDLL, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          heads: int, head_dim: int) -> None:
+    """RoPE in place on the first ``heads`` heads of each row of a contiguous 2-D ``rows``;
+    ``cos``/``sin`` contiguous ``[rows, head_dim]``."""
+    lib.kvcli_rope(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows.shape[0],
+                   rows.shape[1], heads, head_dim, num_threads())

@@ -1,0 +1,128 @@
+/* Row-wise element-wise kernels for CPU float32: RMSNorm, SiLU-and-mul, rotary embedding.
+ *
+ * torch runs each of these as several passes with temporaries (RoPE: two products, a
+ * rotate-half copy, a concatenation and a sum); here each is one pass over its rows, split
+ * over threads by rows. The formulas and their order of operations follow transformers'
+ * Llama modules, so results differ from torch's only in the last bits (summation order).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#define MAX_THREADS 64
+#define MIN_ROWS_PER_THREAD 16 /* fewer rows than this per thread: not worth a thread */
+
+typedef void (*rows_fn)(const void *args, int64_t begin, int64_t end);
+typedef struct {
+    rows_fn fn;
+    const void *args;
+    int64_t begin, end;
+} span_t;
+
+static void *run_span(void *arg) {
+    const span_t *s = (const span_t *)arg;
+    s->fn(s->args, s->begin, s->end);
+    return NULL;
+}
+
+static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t threads) {
+    if (threads > rows / MIN_ROWS_PER_THREAD) threads = rows / MIN_ROWS_PER_THREAD;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads <= 1) {
+        fn(args, 0, rows);
+        return;
+    }
+    span_t spans[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int64_t t = 0; t < threads; t++)
+        spans[t] = (span_t){fn, args, rows * t / threads, rows * (t + 1) / threads};
+    for (int64_t t = 1; t < threads; t++)
+        started[t] = pthread_create(&ids[t], NULL, run_span, &spans[t]) == 0;
+    run_span(&spans[0]);
+    for (int64_t t = 1; t < threads; t++) {
+        if (started[t])
+            pthread_join(ids[t], NULL);
+        else
+            run_span(&spans[t]); /* no thread: run it here */
+    }
+}
+
+/* out[r] = weight * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), as transformers' LlamaRMSNorm. */
+typedef struct {
+    const float *x, *weight;
+    float *out;
+    int64_t dim;
+    float eps;
+} rms_args;
+
+static void rms_rows(const void *a, int64_t begin, int64_t end) {
+    const rms_args *p = (const rms_args *)a;
+    const int64_t n = p->dim;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = p->x + r * n;
+        float *o = p->out + r * n, sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += x[i] * x[i];
+        const float scale = 1.0f / sqrtf(sum / (float)n + p->eps);
+        for (int64_t i = 0; i < n; i++) o[i] = p->weight[i] * (x[i] * scale);
+    }
+}
+
+void kvcli_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
+                    float eps, int64_t threads) {
+    const rms_args a = {x, weight, out, dim, eps};
+    parallel_rows(rms_rows, &a, rows, threads);
+}
+
+/* out[r] = silu(gate_up[r, :d]) * gate_up[r, d:], silu(g) = g / (1 + exp(-g)). */
+typedef struct {
+    const float *gate_up;
+    float *out;
+    int64_t dim;
+} silu_args;
+
+static void silu_rows(const void *a, int64_t begin, int64_t end) {
+    const silu_args *p = (const silu_args *)a;
+    const int64_t d = p->dim;
+    for (int64_t r = begin; r < end; r++) {
+        const float *g = p->gate_up + r * 2 * d, *u = g + d;
+        float *o = p->out + r * d;
+        for (int64_t i = 0; i < d; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+void kvcli_silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t dim,
+                        int64_t threads) {
+    const silu_args a = {gate_up, out, dim};
+    parallel_rows(silu_rows, &a, rows, threads);
+}
+
+/* In place on the first `heads` heads of each row (row stride `stride` floats):
+ * x = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1), cos/sin [rows, head_dim]. */
+typedef struct {
+    float *x;
+    const float *cos, *sin;
+    int64_t stride, heads, head_dim;
+} rope_args;
+
+static void rope_rows(const void *a, int64_t begin, int64_t end) {
+    const rope_args *p = (const rope_args *)a;
+    const int64_t half = p->head_dim / 2;
+    for (int64_t r = begin; r < end; r++) {
+        const float *c = p->cos + r * p->head_dim, *s = p->sin + r * p->head_dim;
+        for (int64_t h = 0; h < p->heads; h++) {
+            float *x = p->x + r * p->stride + h * p->head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * c[i] + -x2 * s[i];
+                x[i + half] = x2 * c[i + half] + x1 * s[i + half];
+            }
+        }
+    }
+}
+
+void kvcli_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
+                int64_t heads, int64_t head_dim, int64_t threads) {
+    const rope_args a = {x, cos, sin, stride, heads, head_dim};
+    parallel_rows(rope_rows, &a, rows, threads);
+}
