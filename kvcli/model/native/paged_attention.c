@@ -5,7 +5,9 @@
  * (index_select), then run SDPA over it: three passes over the context, padded to the longest
  * sequence. This kernel reads each K and V row once, where it lies, and uses it for all the
  * query heads of its group (grouped-query attention without copies). Work items are
- * (sequence, KV head) pairs split across threads by context length.
+ * sequences, split across threads by context length; a sequence's tokens are walked in
+ * order with all KV heads of a token together, so each block's K (and V) is read as one
+ * contiguous run (block_size * Hkv * D floats) instead of one strided head at a time.
  *
  * Built by kvcli/model/native/__init__.py with the system C compiler on first use and cached.
  */
@@ -24,7 +26,7 @@ typedef struct {
     float *out;                  /* [S, H, D] */
     int64_t num_heads, num_kv_heads, head_dim, block_size, max_blocks, window;
     float scale;
-    int64_t begin, end; /* work items [begin, end) of S * Hkv */
+    int64_t begin, end; /* sequences [begin, end) */
     int status;
 } job_t;
 
@@ -38,96 +40,83 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 #endif
 
-/* scores[g * n + t] = scale * dot(q[g], k[rows[t]]) for the group's query heads. With AVX2
- * four keys are dotted at once and their four horizontal sums share one reduction (a dot
- * product's reduction otherwise costs about as much as its multiply-adds). */
-static void qk_scores(const float *q, int64_t group, int64_t D, const float *k,
+/* scores[hh * n + t] = scale * dot(q[hh], K[token t, head hh / group]) for all H query heads
+ * hh; rows[t] is token t's offset in the cache (all its KV heads follow). With AVX2 four
+ * tokens are dotted at once and their horizontal sums share one reduction (a dot product's
+ * reduction otherwise costs about as much as its multiply-adds). */
+static void qk_scores(const float *q, int64_t heads, int64_t group, int64_t D, const float *k,
                       const int64_t *rows, int64_t n, float scale, float *scores) {
-    int64_t start = 0;
+    int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     if (D % 8 == 0) {
         const __m128 vscale = _mm_set1_ps(scale);
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = q + g * D;
-            int64_t t = 0;
-            for (; t + 4 <= n; t += 4) {
-                const float *k0 = k + rows[t], *k1 = k + rows[t + 1];
-                const float *k2 = k + rows[t + 2], *k3 = k + rows[t + 3];
-                if (g == 0 && t + 8 < n) /* the first head's pass brings the rows in */
-                    for (int64_t i = 4; i < 8; i++)
-                        for (int64_t d = 0; d < D; d += 16)
-                            _mm_prefetch((const char *)(k + rows[t + i] + d), _MM_HINT_T0);
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = k + rows[t], *k1 = k + rows[t + 1];
+            const float *k2 = k + rows[t + 2], *k3 = k + rows[t + 3];
+            for (int64_t hh = 0; hh < heads; hh++) {
+                const int64_t off = (hh / group) * D;
+                const float *qh = q + hh * D;
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 for (int64_t d = 0; d < D; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qg + d);
-                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+                    const __m256 qv = _mm256_loadu_ps(qh + d);
+                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + off + d), a0);
+                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + off + d), a1);
+                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + off + d), a2);
+                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + off + d), a3);
                 }
-                _mm_storeu_ps(scores + g * n + t, _mm_mul_ps(hsum4(a0, a1, a2, a3), vscale));
-            }
-            for (; t < n; t++) {
-                float dot = 0.0f;
-                for (int64_t d = 0; d < D; d++) dot += qg[d] * k[rows[t] + d];
-                scores[g * n + t] = dot * scale;
+                _mm_storeu_ps(scores + hh * n + t, _mm_mul_ps(hsum4(a0, a1, a2, a3), vscale));
             }
         }
-        return;
     }
 #endif
-    for (int64_t t = start; t < n; t++) {
-        const float *key = k + rows[t];
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = q + g * D;
+    for (; t < n; t++) {
+        for (int64_t hh = 0; hh < heads; hh++) {
+            const float *key = k + rows[t] + (hh / group) * D, *qh = q + hh * D;
             float dot = 0.0f;
-            for (int64_t d = 0; d < D; d++) dot += qg[d] * key[d];
-            scores[g * n + t] = dot * scale;
+            for (int64_t d = 0; d < D; d++) dot += qh[d] * key[d];
+            scores[hh * n + t] = dot * scale;
         }
     }
 }
 
-/* ATTEND(NAME, DIM) defines the attention of the `group` query heads sharing KV head h of
- * sequence s. DIM is a compile-time head size where one is given (64, 128: the inner loops
- * unroll into vector registers) and the runtime j->head_dim otherwise. Each K and V row is
- * loaded once and used by all the group's query heads. `rows` holds each context token's
- * offset in the cache (one block-table lookup per token), `scores` [group, n], `acc`
- * [group, D]; the softmax's 1/sum is applied once to the output. */
+/* ATTEND(NAME, DIM) defines the attention of all query heads of sequence s. DIM is a
+ * compile-time head size where one is given (64, 128: the inner loops unroll into vector
+ * registers) and the runtime j->head_dim otherwise. `rows` holds each context token's offset
+ * in the cache (one block-table lookup per token), `scores` [H, n], `acc` [H, D]; the
+ * softmax's 1/sum is applied once to the output. */
 #define ATTEND(NAME, DIM)                                                                      \
-    static void NAME(const job_t *j, int64_t s, int64_t h, int64_t *rows, float *scores,      \
-                     float *acc) {                                                             \
+    static void NAME(const job_t *j, int64_t s, int64_t *rows, float *scores, float *acc) {    \
         const int64_t D = (DIM), Hkv = j->num_kv_heads, bs = j->block_size;                    \
-        const int64_t group = j->num_heads / Hkv, len = j->seq_lens[s];                        \
+        const int64_t H = j->num_heads, group = H / Hkv, len = j->seq_lens[s];                 \
         const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;        \
         const int64_t n = len - first;                                                         \
         const int64_t *table = j->block_tables + s * j->max_blocks;                            \
-        const float *q = j->q + (s * j->num_heads + h * group) * D;                            \
         for (int64_t t = 0; t < n; t++) {                                                      \
             const int64_t pos = first + t;                                                     \
-            rows[t] = ((table[pos / bs] * bs + pos % bs) * Hkv + h) * D;                       \
+            rows[t] = (table[pos / bs] * bs + pos % bs) * Hkv * D;                             \
         }                                                                                      \
-        qk_scores(q, group, D, j->k, rows, n, j->scale, scores);                               \
-        for (int64_t g = 0; g < group; g++) {                                                  \
-            float *row = scores + g * n, top = row[0];                                         \
+        qk_scores(j->q + s * H * D, H, group, D, j->k, rows, n, j->scale, scores);             \
+        for (int64_t hh = 0; hh < H; hh++) {                                                   \
+            float *row = scores + hh * n, top = row[0];                                        \
             for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;                 \
             for (int64_t t = 0; t < n; t++) row[t] = expf(row[t] - top);                       \
         }                                                                                      \
-        for (int64_t i = 0; i < group * D; i++) acc[i] = 0.0f;                                 \
+        for (int64_t i = 0; i < H * D; i++) acc[i] = 0.0f;                                     \
         for (int64_t t = 0; t < n; t++) {                                                      \
-            const float *value = j->v + rows[t];                                               \
-            for (int64_t g = 0; g < group; g++) {                                              \
-                const float p = scores[g * n + t];                                             \
-                float *a = acc + g * D;                                                        \
+            const float *vrow = j->v + rows[t];                                                \
+            for (int64_t hh = 0; hh < H; hh++) {                                               \
+                const float p = scores[hh * n + t], *value = vrow + (hh / group) * D;          \
+                float *a = acc + hh * D;                                                       \
                 for (int64_t d = 0; d < D; d++) a[d] += p * value[d];                          \
             }                                                                                  \
         }                                                                                      \
-        for (int64_t g = 0; g < group; g++) {                                                  \
-            const float *row = scores + g * n;                                                 \
+        for (int64_t hh = 0; hh < H; hh++) {                                                   \
+            const float *row = scores + hh * n;                                                \
             float sum = 0.0f;                                                                  \
             for (int64_t t = 0; t < n; t++) sum += row[t];                                     \
             const float inv = 1.0f / sum;                                                      \
-            float *o = j->out + (s * j->num_heads + h * group + g) * D;                        \
-            for (int64_t d = 0; d < D; d++) o[d] = acc[g * D + d] * inv;                       \
+            float *o = j->out + (s * H + hh) * D;                                              \
+            for (int64_t d = 0; d < D; d++) o[d] = acc[hh * D + d] * inv;                      \
         }                                                                                      \
     }
 
@@ -137,19 +126,18 @@ ATTEND(attend_any, j->head_dim)
 
 static void *run_job(void *arg) {
     job_t *j = (job_t *)arg;
-    const int64_t Hkv = j->num_kv_heads, group = j->num_heads / Hkv;
     int64_t longest = 1;
-    for (int64_t i = j->begin; i < j->end; i++)
-        longest = j->seq_lens[i / Hkv] > longest ? j->seq_lens[i / Hkv] : longest;
+    for (int64_t s = j->begin; s < j->end; s++)
+        longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
     int64_t *rows = malloc(sizeof(int64_t) * longest);
-    float *scores = malloc(sizeof(float) * group * longest);
-    float *acc = malloc(sizeof(float) * group * j->head_dim);
+    float *scores = malloc(sizeof(float) * j->num_heads * longest);
+    float *acc = malloc(sizeof(float) * j->num_heads * j->head_dim);
     if (!rows || !scores || !acc) {
         j->status = 1;
     } else {
-        void (*attend)(const job_t *, int64_t, int64_t, int64_t *, float *, float *) =
+        void (*attend)(const job_t *, int64_t, int64_t *, float *, float *) =
             j->head_dim == 64 ? attend_64 : j->head_dim == 128 ? attend_128 : attend_any;
-        for (int64_t i = j->begin; i < j->end; i++) attend(j, i / Hkv, i % Hkv, rows, scores, acc);
+        for (int64_t s = j->begin; s < j->end; s++) attend(j, s, rows, scores, acc);
     }
     free(rows);
     free(scores);
@@ -166,21 +154,20 @@ int kvcli_paged_decode_attention(const float *q, const float *k, const float *v,
     enum { MAX_THREADS = 64 };
     job_t jobs[MAX_THREADS];
     pthread_t threads[MAX_THREADS];
-    const int64_t items = num_seqs * num_kv_heads;
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
-    if (num_threads > items) num_threads = items;
+    if (num_threads > num_seqs) num_threads = num_seqs;
     if (num_threads < 1) num_threads = 1;
-    /* Split items into contiguous ranges of about equal context length (the work). */
+    /* Split sequences into contiguous ranges of about equal context length (the work). */
     int64_t total = 0;
-    for (int64_t s = 0; s < num_seqs; s++) total += seq_lens[s] * num_kv_heads;
+    for (int64_t s = 0; s < num_seqs; s++) total += seq_lens[s];
     int64_t item = 0, done = 0;
     for (int64_t t = 0; t < num_threads; t++) {
         job_t *j = &jobs[t];
         *j = (job_t){q, k, v, block_tables, seq_lens, out, num_heads, num_kv_heads, head_dim,
                      block_size, max_blocks, window, scale, item, item, 0};
         const int64_t target = total * (t + 1) / num_threads;
-        while (item < items && (done < target || t == num_threads - 1)) {
-            done += seq_lens[item / num_kv_heads];
+        while (item < num_seqs && (done < target || t == num_threads - 1)) {
+            done += seq_lens[item];
             item++;
         }
         j->end = item;
