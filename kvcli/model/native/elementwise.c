@@ -10,7 +10,9 @@
 #include <stdint.h>
 
 #define MAX_THREADS 64
-#define MIN_ROWS_PER_THREAD 16 /* fewer rows than this per thread: not worth a thread */
+/* Less work than this per thread (floats touched) does not pay for starting a thread (~50 us):
+ * decode-sized calls (tens of rows) run on the caller's thread. */
+#define MIN_WORK_PER_THREAD (1 << 18)
 
 typedef void (*rows_fn)(const void *args, int64_t begin, int64_t end);
 typedef struct {
@@ -25,8 +27,10 @@ static void *run_span(void *arg) {
     return NULL;
 }
 
-static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t threads) {
-    if (threads > rows / MIN_ROWS_PER_THREAD) threads = rows / MIN_ROWS_PER_THREAD;
+static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t row_work,
+                          int64_t threads) {
+    if (threads > rows * row_work / MIN_WORK_PER_THREAD)
+        threads = rows * row_work / MIN_WORK_PER_THREAD;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads <= 1) {
         fn(args, 0, rows);
@@ -71,7 +75,7 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
 void kvcli_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
                     float eps, int64_t threads) {
     const rms_args a = {x, weight, out, dim, eps};
-    parallel_rows(rms_rows, &a, rows, threads);
+    parallel_rows(rms_rows, &a, rows, dim, threads);
 }
 
 /* out[r] = silu(gate_up[r, :d]) * gate_up[r, d:], silu(g) = g / (1 + exp(-g)). */
@@ -94,7 +98,7 @@ static void silu_rows(const void *a, int64_t begin, int64_t end) {
 void kvcli_silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t dim,
                         int64_t threads) {
     const silu_args a = {gate_up, out, dim};
-    parallel_rows(silu_rows, &a, rows, threads);
+    parallel_rows(silu_rows, &a, rows, 3 * dim, threads);
 }
 
 /* In place on the first `heads` heads of each row (row stride `stride` floats):
@@ -124,5 +128,5 @@ static void rope_rows(const void *a, int64_t begin, int64_t end) {
 void kvcli_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
                 int64_t heads, int64_t head_dim, int64_t threads) {
     const rope_args a = {x, cos, sin, stride, heads, head_dim};
-    parallel_rows(rope_rows, &a, rows, threads);
+    parallel_rows(rope_rows, &a, rows, heads * head_dim, threads);
 }
