@@ -117,3 +117,15 @@ def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch):
     got = qkv[:, : (heads + kv) * dim].reshape(rows, heads + kv, dim)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(qkv[:, (heads + kv) * dim :], v_before)
+
+
+def test_kernel_threads_follow_torch(monkeypatch):
+    monkeypatch.delenv("KVCLI_NATIVE_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert native.num_threads() == 1  # a Ray actor's or --threads' share bounds the kernels
+        monkeypatch.setenv("KVCLI_NATIVE_THREADS", "3")
+        assert native.num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -103,14 +103,10 @@ def for_tensor(x: torch.Tensor) -> ctypes.CDLL | None:
 
 
 def num_threads() -> int:
-    """Kernel threads: the cores this process may run on (KVCLI_NATIVE_THREADS overrides)."""
+    """Kernel threads: torch's intra-op thread count, so ``torch.set_num_threads`` (``--threads``,
+    a Ray actor's CPU share) bounds these kernels too; KVCLI_NATIVE_THREADS overrides."""
     env = os.environ.get("KVCLI_NATIVE_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return max(1, int(env)) if env else torch.get_num_threads()
 
 
 def paged_decode_attention(
