@@ -167,18 +167,17 @@ class TorchSDPAAttention:
     ) -> torch.Tensor:
         kv_layer[0].index_copy_(0, meta.slot_mapping, k)
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
-        if meta.paged_decode is not None and len(meta.paged_decode.seqs) == q.shape[0]:
-            # A pure decode step: every row is one sequence's token, in order. No scatter.
-            pd = meta.paged_decode
-            return paged_decode_attention(meta.native, q, kv_layer, pd.block_tables, pd.seq_lens,
-                                          meta.block_size, self.sliding_window, self.scale)
         out = torch.empty_like(q)
         batched: set[int] = set()
         if meta.paged_decode is not None:
             pd = meta.paged_decode
-            out[pd.rows] = paged_decode_attention(
-                meta.native, q[pd.rows], kv_layer, pd.block_tables, pd.seq_lens,
+            pure = len(pd.seqs) == q.shape[0]  # every row is one sequence's token, in order
+            decoded = paged_decode_attention(
+                meta.native, q if pure else q[pd.rows], kv_layer, pd.block_tables, pd.seq_lens,
                 meta.block_size, self.sliding_window, self.scale)
+            if pure:  # a pure decode step: no gather, no scatter
+                return decoded
+            out[pd.rows] = decoded
             batched.update(pd.seqs)
         elif self.sliding_window is None:
             for batch in meta.decode:
