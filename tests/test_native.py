@@ -77,6 +77,12 @@ def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
         monkeypatch.delenv("KVCLI_NATIVE")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
         assert native.load() is None  # the engine keeps its torch path
+        native.load.cache_clear()
+        monkeypatch.delenv("CC")
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("")
+        monkeypatch.setenv("KVCLI_HOME", str(blocker))  # the cache cannot be written
+        assert native.load() is None
     finally:
         native.load.cache_clear()
 

@@ -45,7 +45,8 @@ def _cpu_flags() -> str:
 def _build(compiler: str) -> Path:
     from kvcli.model.resolve import kvcli_home
 
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
     texts = [src.read_text() for src in SOURCES]
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
