@@ -3,7 +3,8 @@
 Nothing waits on a compile step more than once per machine: the shared object is keyed by
 the source, the flags, the compiler and the CPU's feature flags, and lives in
 ``$KVCLI_HOME/kernels``. Without a compiler (or with ``KVCLI_NATIVE=0``) ``load()`` returns
-None and the engine keeps its torch path, which computes the same attention.
+None and the engine keeps its torch path, which computes the same attention, RMSNorm, SiLU-and-mul
+and RoPE.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
-# from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (score exps were
-# a third of the kernel). It is given to the compile step only: linking with it would add
+# from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
+# 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
 # crtfastmath.o, which flushes denormals to zero for the whole process (torch and NumPy too).
 FLAGS = ("-O3", "-march=native", "-fPIC", "-pthread", "-ffast-math")
 LINK = ("-shared", "-pthread")
