@@ -167,17 +167,13 @@ class TorchSDPAAttention:
     ) -> torch.Tensor:
         kv_layer[0].index_copy_(0, meta.slot_mapping, k)
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
+        pd = meta.paged_decode
+        if pd is not None and len(pd.seqs) == q.shape[0]:  # pure decode: no gather, no scatter
+            return self._paged(q, kv_layer, meta)
         out = torch.empty_like(q)
         batched: set[int] = set()
-        if meta.paged_decode is not None:
-            pd = meta.paged_decode
-            pure = len(pd.seqs) == q.shape[0]  # every row is one sequence's token, in order
-            decoded = paged_decode_attention(
-                meta.native, q if pure else q[pd.rows], kv_layer, pd.block_tables, pd.seq_lens,
-                meta.block_size, self.sliding_window, self.scale)
-            if pure:  # a pure decode step: no gather, no scatter
-                return decoded
-            out[pd.rows] = decoded
+        if pd is not None:
+            out[pd.rows] = self._paged(q[pd.rows], kv_layer, meta)
             batched.update(pd.seqs)
         elif self.sliding_window is None:
             for batch in meta.decode:
@@ -191,6 +187,14 @@ class TorchSDPAAttention:
                 seq, q[start:end], k[start:end], v[start:end], kv_layer, meta
             )
         return out
+
+    def _paged(self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata
+               ) -> torch.Tensor:
+        """The native kernel over the step's single-token sequences (q: their rows, in order)."""
+        pd = meta.paged_decode
+        assert pd is not None
+        return paged_decode_attention(meta.native, q, kv_layer, pd.block_tables, pd.seq_lens,
+                                      meta.block_size, self.sliding_window, self.scale)
 
     def _sequence(
         self,

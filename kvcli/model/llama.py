@@ -71,14 +71,13 @@ class DecoderAttention(nn.Module):
             q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         else:  # RoPE on q and k heads together: half the element-wise ops per layer
             heads = self.num_heads + self.num_kv_heads
+            qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
             lib = native.for_tensor(qkv)
-            if lib is not None:  # in place in the projection's output: one pass, no copies
+            if lib is not None:  # in place in the projection's output (qk is a view of it)
                 cos, sin = cos_sin
                 native.rope_(lib, qkv, cos.squeeze(1), sin.squeeze(1), heads, self.head_dim)
-                qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
             else:
-                qk = apply_rotary(
-                    qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim), *cos_sin)
+                qk = apply_rotary(qk, *cos_sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attn.forward(q, k, v, kv_layer, meta)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
