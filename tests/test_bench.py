@@ -127,11 +127,16 @@ class _Scripted:
         return RunResult([[1] * max_new_tokens for _ in prompts], 0, [0.0])
 
 
+class _Prepared(_Scripted):
+    def prepare(self, prompts, max_new_tokens):
+        self.calls.append(f"prepare {self.name} {len(prompts)}x{max_new_tokens}")
+
+
 def test_run_workload_alternates_and_computes_speedups():
     calls: list[str] = []
-    systems = [_Scripted("kvcli", calls), _Scripted("hf-generate", calls)]
+    systems = [_Prepared("kvcli", calls), _Scripted("hf-generate", calls)]
     doc = run_workload(Workload("x", "d", [[1], [2]], 3), systems, 3, lambda m: None)
-    warmup = ["kvcli", "hf-generate"]
+    warmup = ["prepare kvcli 2x3", "kvcli", "hf-generate"]  # sized untimed, before warm-up
     assert calls == warmup + ["kvcli", "hf-generate", "hf-generate", "kvcli", "kvcli",
                               "hf-generate"]
     assert [e["name"] for e in doc["systems"]] == ["kvcli", "hf-generate"]

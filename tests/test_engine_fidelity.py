@@ -98,3 +98,26 @@ def test_shared_prefix_cascade_equals_transformers(tiny_models, kernel, monkeypa
     ties = sum(compare(ref, p, o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True))
     assert ties <= 1
     assert [o.num_cached_tokens for o in outs] == [0, 24, 24, 24, 24]
+
+
+def test_reset_prefix_cache_keeps_the_pool_and_starts_cold(tiny_models):
+    """The bench reuses one pool across runs: after a reset nothing hits, outputs are the same
+    (stale K/V in reused slots is never read), and per-run stats start from zero."""
+    llm = LLM(str(tiny_models["llama-gqa"]), block_size=BLOCK)
+    engine = llm.engine
+    prompts = make_prompts(engine.vocab_size)
+    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+    first = [o.outputs[0].token_ids for o in llm.generate([list(p) for p in prompts], params)]
+    pool = engine.runner.kv_cache
+    warm = llm.generate([list(p) for p in prompts], params)
+    assert all(o.num_cached_tokens > 0 for o in warm if len(o.prompt_token_ids) > BLOCK)
+    engine.reset_prefix_cache()
+    assert engine.stats()["steps"] == 0
+    again = llm.generate([list(p) for p in prompts[::-1]], params)
+    assert engine.runner.kv_cache is pool
+    assert [o.outputs[0].token_ids for o in again] == first[::-1]
+    assert engine.stats()["cached_tokens"] == sum(  # only hits between this run's own prompts
+        o.num_cached_tokens for o in again) and again[-1].num_cached_tokens == 0
+    engine.add_request("busy", [5, 6, 7], params)
+    with pytest.raises(RuntimeError, match="still running"):
+        engine.reset_prefix_cache()

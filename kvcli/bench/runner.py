@@ -59,6 +59,10 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
     if systems[0].name != KVCLI:
         raise ValueError("systems: kvcli must come first (it is the reference)")
     load_start = load_average()
+    for system in systems:  # per-workload allocations that the peers make at load (untimed)
+        prepare = getattr(system, "prepare", None)
+        if prepare is not None:
+            prepare(workload.prompts, workload.max_new_tokens)
     if warmup:
         for system in systems:
             progress(f"[{workload.name}] warm-up {system.name}")

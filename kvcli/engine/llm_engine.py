@@ -63,6 +63,13 @@ class LLMEngine:
             if config.kv_cache_memory is None:
                 num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
         self.num_blocks = int(num_blocks)
+        self._reset_bookkeeping()
+        kv = allocate_kv_cache(model, self.num_blocks, config.block_size, dtype, config.device)
+        self.sampler = Sampler(config.seed)
+        self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+
+    def _reset_bookkeeping(self) -> None:
+        config = self.config
         self.kv_manager = KVCacheManager(self.num_blocks, config.block_size,
                                          enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -70,13 +77,17 @@ class LLMEngine:
                             self.max_model_len, config.scheduling),
             self.kv_manager,
         )
-        kv = allocate_kv_cache(model, self.num_blocks, config.block_size, dtype, config.device)
-        self.sampler = Sampler(config.seed)
-        self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
         self.metrics = EngineMetrics(self.num_blocks, config.block_size)
         self._requests: dict[str, Request] = {}
         self._groups: dict[str, list[Request]] = {}  # parent id -> its n children
         self._arrivals = 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block and the metrics, keep the allocated KV pool (vLLM's
+        ``LLM.reset_prefix_cache``): the next batch starts cold without re-zeroing ~1 GB."""
+        if self.has_unfinished():
+            raise RuntimeError("reset_prefix_cache: requests are still running")
+        self._reset_bookkeeping()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
