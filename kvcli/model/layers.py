@@ -18,31 +18,39 @@ from torch import nn
 from kvcli.model import native
 from kvcli.model.config import ModelConfigError, RopeConfig
 
-#: CPU float32 matmuls with at most this many rows go through NumPy's OpenBLAS, the rest through
-#: torch. Measured in a whole model's weights (30 layers, cold caches, 2 cores): 1 row 20 ms
-#: (OpenBLAS) vs 34 ms (torch) per step; 8 rows 60 vs 54; 32 rows 78 vs 64-69; 1,024 rows 772 vs
-#: 723 (docs/BENCHMARKS.md). The pools coexist because OpenMP threads sleep when idle and
-#: OpenBLAS threads stop spinning after ~0.3 ms (kvcli/__init__.py).
+#: CPU float32 matmuls route by row count: at most NUMPY_MAX_ROWS rows through NumPy's OpenBLAS,
+#: up to NATIVE_GEMM_MAX_ROWS through kvcli's own kernel (native/gemm.c), the rest through torch.
+#: Measured in a whole model's weights (30 layers, cold caches, 2 cores; docs/BENCHMARKS.md):
+#: 1 row 20 ms (OpenBLAS) vs 34 ms (torch) per step on an AMD EPYC; 32 rows in place in decode
+#: steps 122-125 ms (native) vs 150-152 ms (torch) per step on a Xeon; 1,024 rows 723 ms (torch)
+#: vs 772 (OpenBLAS). The pools coexist because OpenMP threads sleep when idle, OpenBLAS
+#: threads stop spinning after ~0.3 ms (kvcli/__init__.py) and kvcli's after 50 us.
 NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "4"))
+NATIVE_GEMM_MAX_ROWS = int(os.environ.get("KVCLI_GEMM_MAX_ROWS", "64"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Every matmul of every model goes through here, so the backend is chosen in one place.
 
     ``weight`` is ``[out, in]``; :func:`use_input_major_layout` stores it as a transposed view of
-    an ``[in, out]`` buffer, which is the layout OpenBLAS streams fastest for few rows.
+    an ``[in, out]`` buffer, which is the layout OpenBLAS and the native kernel stream fastest.
     """
+    rows = x.shape[0] if x.dim() == 2 else NATIVE_GEMM_MAX_ROWS + 1
     if (
-        x.dim() == 2
-        and x.shape[0] <= NUMPY_MAX_ROWS
+        rows <= NATIVE_GEMM_MAX_ROWS
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
     ):
-        y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
-        if bias is not None:
-            y += bias
-        return y
+        if rows <= NUMPY_MAX_ROWS:
+            y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+            if bias is not None:
+                y += bias
+            return y
+        in_out = weight.t()
+        lib = native.for_tensor(x) if in_out.is_contiguous() else None
+        if lib is not None:
+            return native.gemm(lib, x, in_out, bias)
     return F.linear(x, weight, bias)
 
 

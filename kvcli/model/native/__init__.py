@@ -23,7 +23,9 @@ import torch
 
 log = logging.getLogger("kvcli.native")
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_attention.c", "elementwise.c"))
+SOURCES = tuple(Path(__file__).with_name(n)
+                for n in ("pool.c", "gemm.c", "paged_attention.c", "elementwise.c"))
+HEADERS = (Path(__file__).with_name("pool.h"),)
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
@@ -48,7 +50,7 @@ def _build(compiler: str) -> Path:
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
-    texts = [src.read_text() for src in SOURCES]
+    texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
     target = kvcli_home() / "kernels" / f"kvcli-kernels-{key}.so"
@@ -89,10 +91,11 @@ def load() -> ctypes.CDLL | None:
     fn = lib.kvcli_paged_decode_attention
     fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
     fn.restype = ctypes.c_int
+    lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
-    for name in ("kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
+    for name in ("kvcli_gemm", "kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
         getattr(lib, name).restype = None
     return lib
 
@@ -131,6 +134,18 @@ def paged_decode_attention(
     if status:
         raise MemoryError("paged decode attention: out of memory for its score buffers")
     return out
+
+
+def gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,
+         bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight_in_out (+ bias)`` for a contiguous 2-D float32 ``x`` and a contiguous
+    ``[in, out]`` weight."""
+    rows, (in_features, out_features) = x.shape[0], weight_in_out.shape
+    y = x.new_empty((rows, out_features))
+    lib.kvcli_gemm(x.data_ptr(), weight_in_out.data_ptr(),
+                   None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
+                   rows, out_features, in_features, num_threads())
+    return y
 
 
 def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -6,50 +6,32 @@
  * Llama modules, so results differ from torch's only in the last bits (summation order).
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 
-#define MAX_THREADS 64
-/* Less work than this per thread (floats touched) does not pay for starting a thread (~50 us):
- * decode-sized calls (tens of rows) run on the caller's thread. */
-#define MIN_WORK_PER_THREAD (1 << 18)
+#include "pool.h"
+
+/* Less work than this per thread (floats touched) is not worth waking a worker for. */
+#define MIN_WORK_PER_THREAD (1 << 15)
 
 typedef void (*rows_fn)(const void *args, int64_t begin, int64_t end);
 typedef struct {
     rows_fn fn;
     const void *args;
-    int64_t begin, end;
-} span_t;
+    int64_t rows;
+} rows_job;
 
-static void *run_span(void *arg) {
-    const span_t *s = (const span_t *)arg;
-    s->fn(s->args, s->begin, s->end);
-    return NULL;
+static void rows_part(const void *job, int64_t t, int64_t n) {
+    const rows_job *j = (const rows_job *)job;
+    j->fn(j->args, j->rows * t / n, j->rows * (t + 1) / n);
 }
 
 static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t row_work,
                           int64_t threads) {
     if (threads > rows * row_work / MIN_WORK_PER_THREAD)
         threads = rows * row_work / MIN_WORK_PER_THREAD;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads <= 1) {
-        fn(args, 0, rows);
-        return;
-    }
-    span_t spans[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    for (int64_t t = 0; t < threads; t++)
-        spans[t] = (span_t){fn, args, rows * t / threads, rows * (t + 1) / threads};
-    for (int64_t t = 1; t < threads; t++)
-        started[t] = pthread_create(&ids[t], NULL, run_span, &spans[t]) == 0;
-    run_span(&spans[0]);
-    for (int64_t t = 1; t < threads; t++) {
-        if (started[t])
-            pthread_join(ids[t], NULL);
-        else
-            run_span(&spans[t]); /* no thread: run it here */
-    }
+    const rows_job job = {fn, args, rows};
+    kvcli_parallel(rows_part, &job, threads < 1 ? 1 : threads,
+                   rows <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
 }
 
 /* out[r] = weight * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), as transformers' LlamaRMSNorm. */

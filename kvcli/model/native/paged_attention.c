@@ -12,10 +12,11 @@
  * Built by kvcli/model/native/__init__.py with the system C compiler on first use and cached.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "pool.h"
 
 typedef struct {
     const float *q;              /* [S, H, D] */
@@ -124,8 +125,9 @@ ATTEND(attend_64, 64)
 ATTEND(attend_128, 128)
 ATTEND(attend_any, j->head_dim)
 
-static void *run_job(void *arg) {
-    job_t *j = (job_t *)arg;
+static void run_job(const void *jobs, int64_t t, int64_t n) {
+    (void)n;
+    job_t *j = (job_t *)jobs + t;
     int64_t longest = 1;
     for (int64_t s = j->begin; s < j->end; s++)
         longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
@@ -142,7 +144,6 @@ static void *run_job(void *arg) {
     free(rows);
     free(scores);
     free(acc);
-    return NULL;
 }
 
 /* Returns 0 on success, 1 when memory ran out. */
@@ -153,7 +154,6 @@ int kvcli_paged_decode_attention(const float *q, const float *k, const float *v,
                                  int64_t window, float scale, int64_t num_threads) {
     enum { MAX_THREADS = 64 };
     job_t jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
     if (num_threads > num_seqs) num_threads = num_seqs;
     if (num_threads < 1) num_threads = 1;
@@ -172,17 +172,8 @@ int kvcli_paged_decode_attention(const float *q, const float *k, const float *v,
         }
         j->end = item;
     }
-    int64_t started = 0;
-    for (int64_t t = 1; t < num_threads; t++) {
-        if (pthread_create(&threads[t], NULL, run_job, &jobs[t]) != 0) break;
-        started = t;
-    }
-    for (int64_t t = started + 1; t < num_threads; t++) run_job(&jobs[t]); /* no thread: inline */
-    run_job(&jobs[0]);
-    int status = jobs[0].status;
-    for (int64_t t = 1; t < num_threads; t++) {
-        if (t <= started) pthread_join(threads[t], NULL);
-        status |= jobs[t].status;
-    }
+    kvcli_parallel(run_job, jobs, num_threads, KVCLI_SPIN_NS);
+    int status = 0;
+    for (int64_t t = 0; t < num_threads; t++) status |= jobs[t].status;
     return status;
 }

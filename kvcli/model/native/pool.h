@@ -1,0 +1,19 @@
+/* The native kernels' shared worker pool (pool.c). */
+#ifndef KVCLI_POOL_H
+#define KVCLI_POOL_H
+#include <stdint.h>
+
+/* Part `t` of `n` of one parallel job. */
+typedef void (*task_fn)(const void *args, int64_t t, int64_t n);
+
+/* Runs fn(args, t, n) for t in [0, n) on n threads (the caller is t = 0) and returns when all
+ * are done. Runs them one after another on the caller when n <= 1, when another thread is
+ * using the pool, or when no worker thread can be started. Afterwards the workers spin for
+ * spin_ns waiting for the next job (KVCLI_SPIN_NS when another native call follows soon). */
+void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns);
+
+#define KVCLI_SPIN_NS 300000
+/* Calls with at most this many rows are decode-sized: native work follows them. */
+#define KVCLI_DECODE_ROWS 64
+
+#endif

@@ -1,0 +1,93 @@
+"""The native few-row matmul (native/gemm.c) and the worker pool every native kernel runs on.
+
+The kernel is checked against float64 for row counts across its register tiles (1..70 rows:
+whole tiles, the last partial tile), column counts that leave a remainder past the last
+whole tile, K spanning several panels and one partial panel, with and without bias, on 1, 2
+and more threads than tiles. The pool must survive concurrent callers and fork.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import pytest
+import torch
+
+from kvcli.model import layers, native
+
+lib = native.load()
+pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler: the torch path is used")
+
+
+def reference(x, w_in_out, bias):
+    y = x.double() @ w_in_out.double()
+    return (y if bias is None else y + bias.double()).float()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 32, 70])
+@pytest.mark.parametrize("shape", [(576, 960), (200, 72), (1536, 40), (64, 3)])
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_gemm_equals_float64(rows, shape, threads, monkeypatch):
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(rows * 7 + shape[1])
+    in_f, out_f = shape
+    x, w = torch.randn(rows, in_f), torch.randn(in_f, out_f) / in_f**0.5
+    for bias in (None, torch.randn(out_f)):
+        got = native.gemm(lib, x, w, bias)
+        assert got.shape == (rows, out_f)
+        assert torch.allclose(got, reference(x, w, bias), atol=2e-5, rtol=1e-4)
+
+
+def test_linear_routes_decode_rows_to_the_kernel(monkeypatch):
+    """layers.linear sends 5..64-row float32 matmuls on an [in, out] weight to the kernel."""
+    calls = []
+    real = native.gemm
+    monkeypatch.setattr(native, "gemm", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    torch.manual_seed(0)
+    w = torch.randn(96, 48).t()  # [out, in] view of an [in, out] buffer, as the loader stores it
+    for rows in (1, 4, 5, 32, 64, 65):
+        x = torch.randn(rows, 96)
+        torch.testing.assert_close(layers.linear(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+    assert calls == [5, 32, 64]
+    layers.linear(torch.randn(8, 96), w.t().contiguous().t().contiguous())  # [out, in] storage
+    assert calls == [5, 32, 64]  # not the layout the kernel reads: torch
+
+
+def test_pool_serves_concurrent_callers(monkeypatch):
+    """A second thread finding the pool busy runs its parts itself; results stay exact."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    torch.manual_seed(1)
+    w = torch.randn(256, 320)
+    xs = [torch.randn(24, 256) for _ in range(4)]
+    want = [native.gemm(lib, x, w, None) for x in xs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        for _ in range(200):
+            if not torch.equal(native.gemm(lib, xs[i], w, None), want[i]):
+                errors.append(f"thread {i}")
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+
+
+def _gemm_in_child(queue) -> None:
+    x, w = torch.ones(8, 64), torch.ones(64, 32)
+    queue.put(float(native.gemm(native.load(), x, w, None).sum()))
+
+
+def test_pool_works_after_fork(monkeypatch):
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    native.gemm(lib, torch.ones(8, 64), torch.ones(64, 32), None)  # the parent's workers exist
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_gemm_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0 and queue.get(timeout=5) == 8 * 32 * 64.0
