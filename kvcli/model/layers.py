@@ -18,14 +18,15 @@ from torch import nn
 from kvcli.model import native
 from kvcli.model.config import ModelConfigError, RopeConfig
 
-#: CPU float32 matmuls route by row count: at most NUMPY_MAX_ROWS rows through NumPy's OpenBLAS,
-#: up to NATIVE_GEMM_MAX_ROWS through kvcli's own kernel (native/gemm.c), the rest through torch.
-#: Measured in a whole model's weights (30 layers, cold caches, 2 cores; docs/BENCHMARKS.md):
-#: 1 row 20 ms (OpenBLAS) vs 34 ms (torch) per step on an AMD EPYC; 32 rows in place in decode
-#: steps 122-125 ms (native) vs 150-152 ms (torch) per step on a Xeon; 1,024 rows 723 ms (torch)
-#: vs 772 (OpenBLAS). The pools coexist because OpenMP threads sleep when idle, OpenBLAS
-#: threads stop spinning after ~0.3 ms (kvcli/__init__.py) and kvcli's after 50 us.
-NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "4"))
+#: CPU float32 matmuls route by row count: one row through NumPy's OpenBLAS, up to
+#: NATIVE_GEMM_MAX_ROWS through kvcli's own kernel (native/gemm.c), the rest through torch.
+#: Measured in place (whole decode steps of SmolLM2-135M, 2 cores, Xeon with AVX-512; ms per
+#: step, docs/BENCHMARKS.md): 2 rows 52.7 native / 67.6 torch / 107.7 OpenBLAS; 4 rows
+#: 57 / 80 / 107-114; 32 rows 116-124 / 129-136 (torch). One row: 20 ms OpenBLAS vs 34 torch on
+#: an AMD EPYC; 1,024 rows 723 torch vs 772 OpenBLAS. The pools coexist because OpenMP threads
+#: sleep when idle, OpenBLAS threads stop spinning after ~0.3 ms (kvcli/__init__.py) and
+#: kvcli's after at most 0.3 ms (native/pool.c).
+NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "1"))
 NATIVE_GEMM_MAX_ROWS = int(os.environ.get("KVCLI_GEMM_MAX_ROWS", "64"))
 
 
