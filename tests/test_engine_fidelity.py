@@ -121,3 +121,29 @@ def test_reset_prefix_cache_keeps_the_pool_and_starts_cold(tiny_models):
     engine.add_request("busy", [5, 6, 7], params)
     with pytest.raises(RuntimeError, match="still running"):
         engine.reset_prefix_cache()
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen3"])
+def test_prefill_cascade_equals_transformers(tiny_models, family, monkeypatch):
+    """Prefill chunks of requests admitted after a shared prefix was cached attend it once
+    for all (prefill_cascade); outputs still equal transformers'."""
+    from kvcli.model import attention
+
+    calls = []
+    real = attention.prefill_cascade
+    monkeypatch.setattr(attention, "prefill_cascade",
+                        lambda *a: calls.append(len(a[2].seqs)) or real(*a))
+    model_dir = tiny_models[family]
+    ref = HFReference(model_dir, MAX_NEW)
+    llm = LLM(str(model_dir), block_size=BLOCK)
+    rng = random.Random(11)
+    shared = [rng.randrange(3, llm.engine.vocab_size) for _ in range(30)]
+    params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
+    llm.generate([shared + [5]], SamplingParams(max_tokens=1, ignore_eos=True))  # cache it
+    prompts = [shared + [rng.randrange(3, llm.engine.vocab_size) for _ in range(n)]
+               for n in (2, 3, 7, 12, 20)]
+    outs = llm.generate(prompts, params)
+    ties = sum(compare(ref, p, o.outputs[0].token_ids) for p, o in zip(prompts, outs, strict=True))
+    assert ties <= 1
+    assert calls and max(calls) == len(prompts)  # one group: all five chunks
+    assert [o.num_cached_tokens for o in outs] == [28] * 5

@@ -73,6 +73,17 @@ def load_average() -> list[float] | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo): matmul routing and kernel speed depend on it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     """What decides CPU timings: cores, load, library versions, thread settings."""
     import torch
@@ -81,6 +92,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     return {
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "load_avg_1_5_15": load_average(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -23,6 +23,7 @@ from kvcli.model.decode_batch import (
     decode_attention,
 )
 from kvcli.model.native import paged_decode_attention
+from kvcli.model.prefill_cascade import PrefillGroup, build_prefill_groups, prefill_cascade
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class AttentionMetadata:
     # With the native kernel (CPU float32): all single-token sequences, read through their tables.
     paged_decode: PagedDecode | None = None
     native: Any = None  # the loaded kvcli.model.native library
+    prefill_groups: list[PrefillGroup] = field(default_factory=list)  # shared cached prefixes
 
     @property
     def num_seqs(self) -> int:
@@ -87,6 +89,8 @@ def build_attention_metadata(
         block_size=block_size,
         native=native,
     )
+    meta.prefill_groups = build_prefill_groups(block_tables, num_computed, query_start_loc,
+                                               block_size)
     if native is not None:
         meta.paged_decode = build_paged_decode(block_tables, seq_lens, query_start_loc, block_size)
     else:
@@ -180,6 +184,13 @@ class TorchSDPAAttention:
                 rows = batch.rows
                 out[rows] = decode_attention(q[rows], kv_layer, batch, meta.block_size, self.scale)
                 batched.update(batch.seqs)
+        # (A window may hide part of the prefix; the fused kernel with log-sum-exp is CPU's.)
+        if self.sliding_window is None and q.device.type == "cpu":
+            for group in meta.prefill_groups:
+                out[group.rows] = prefill_cascade(
+                    q[group.rows], kv_layer, group, meta.query_start_loc, meta.context_slots,
+                    lambda seq, key_start: self._mask(seq, key_start, meta), self.scale)
+                batched.update(group.seqs)
         for seq, (start, end) in enumerate(pairwise(meta.query_start_loc)):
             if seq in batched:
                 continue
@@ -195,6 +206,19 @@ class TorchSDPAAttention:
         assert pd is not None
         return paged_decode_attention(meta.native, q, kv_layer, pd.block_tables, pd.seq_lens,
                                       meta.block_size, self.sliding_window, self.scale)
+
+    @staticmethod
+    def _mask(seq: int, key_start: int, meta: AttentionMetadata) -> torch.Tensor:
+        """Float32 CPU causal mask of a chunk over its keys from ``key_start`` (0 or -inf),
+        built by the first layer and reused by the others."""
+        key = (seq, -1 - key_start)  # apart from the bool masks, keyed by (seq, window)
+        mask = meta.mask_cache.get(key)
+        if mask is None:
+            q_len = meta.query_start_loc[seq + 1] - meta.query_start_loc[seq]
+            allowed = attention_mask(q_len, meta.seq_lens[seq], key_start, None, torch.device("cpu"))
+            mask = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+            meta.mask_cache[key] = mask
+        return mask
 
     def _sequence(
         self,

@@ -1,0 +1,106 @@
+"""Cascade attention for prefill chunks that share a cached prefix.
+
+When several requests with one system prompt are admitted together, each prefill chunk's
+queries attend the same cached prefix blocks. Per sequence, that meant gathering the prefix's
+K/V and running a masked SDPA over it once per request and layer (on the shared-prefix bench
+workload: 31 sequences x 40 queries x 440 keys, ~0.8 s of a 2.5 s prefill). Here the prefix
+is gathered once per group and attended once by all the group's queries in one fused call
+(every query sits after the whole prefix, so no mask), each sequence's own part (its context
+after the prefix, causal) separately, and the two partial softmaxes are merged exactly through
+their log-sum-exps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, _common_prefix
+
+# torch's fused CPU attention, which also returns each row's log-sum-exp (F.scaled_dot_product_
+# attention does not); None in builds without it, where the per-sequence path runs instead.
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    seqs: list[int]  # sequences (indices into the step's batch) whose chunks share the prefix
+    rows: torch.Tensor  # [T] int64: their query rows in the packed batch, sequence by sequence
+    prefix_slots: torch.Tensor  # [P] int64: flat KV slots of the shared prefix
+
+
+def build_prefill_groups(
+    block_tables: list[list[int]],
+    num_computed: list[int],
+    query_start_loc: list[int],
+    block_size: int,
+) -> list[PrefillGroup]:
+    """Chunks of more than one token whose already computed contexts start with the same
+    >= MIN_CASCADE_BLOCKS blocks, grouped by that prefix (only groups of two or more)."""
+    if _FLASH_LSE is None:
+        return []
+    by_first: dict[int, list[int]] = {}
+    for s, computed in enumerate(num_computed):
+        if query_start_loc[s + 1] - query_start_loc[s] > 1 and computed >= MIN_CASCADE_BLOCKS * block_size:
+            by_first.setdefault(block_tables[s][0], []).append(s)
+    groups = []
+    offsets = torch.arange(block_size, dtype=torch.int64)
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        # Only blocks computed before this step: every query of every chunk sees all of them.
+        limit = min(num_computed[s] for s in members) // block_size
+        common = _common_prefix([block_tables[s] for s in members], limit)
+        if common < MIN_CASCADE_BLOCKS:
+            continue
+        blocks = torch.tensor(block_tables[members[0]][:common], dtype=torch.int64)
+        rows = torch.cat([torch.arange(query_start_loc[s], query_start_loc[s + 1]) for s in members])
+        groups.append(PrefillGroup(members, rows, (blocks[:, None] * block_size + offsets).reshape(-1)))
+    return groups
+
+
+def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[T, H, D] queries -> [Hkv, group, T, D], the layout whose K/V broadcast over the group."""
+    t, h, d = x.shape
+    return x.view(t, kv_heads, h // kv_heads, d).permute(1, 2, 0, 3)
+
+
+def _kv(kv_layer: torch.Tensor, slots: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V at ``slots`` as [Hkv, group, L, D] stride-0 views over the group (no copies)."""
+    k, v = kv_layer[0].index_select(0, slots), kv_layer[1].index_select(0, slots)
+    shape = (k.shape[1], group, k.shape[0], k.shape[2])
+    return (k.transpose(0, 1).unsqueeze(1).expand(shape),
+            v.transpose(0, 1).unsqueeze(1).expand(shape))
+
+
+def prefill_cascade(
+    q: torch.Tensor,  # [T, H, D]: the group's query rows
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D]
+    group: PrefillGroup,
+    query_start_loc: list[int],
+    context_slots: list[torch.Tensor],
+    own_mask: Callable[[int, int], torch.Tensor],  # (seq, key_start) -> float [q_len, keys]
+    scale: float,
+) -> torch.Tensor:  # [T, H, D]
+    assert _FLASH_LSE is not None
+    kv_heads, (rows, num_heads, head_dim) = kv_layer.shape[2], q.shape
+    n_group = num_heads // kv_heads
+    qg = _grouped(q, kv_heads).contiguous()
+    pre_out, pre_lse = _FLASH_LSE(qg, *_kv(kv_layer, group.prefix_slots, n_group), 0.0, False,
+                                  scale=scale)[:2]
+    own_out, own_lse = torch.empty_like(pre_out), torch.empty_like(pre_lse)
+    prefix_len, start = group.prefix_slots.numel(), 0
+    for s in group.seqs:
+        end = start + query_start_loc[s + 1] - query_start_loc[s]
+        mask = own_mask(s, prefix_len).to(q.dtype)  # a no-op in float32
+        out, lse = _FLASH_LSE(qg[:, :, start:end], *_kv(kv_layer, context_slots[s][prefix_len:],
+                                                          n_group), 0.0, False, attn_mask=mask,
+                              scale=scale)[:2]
+        own_out[:, :, start:end], own_lse[:, :, start:end] = out, lse
+        start = end
+    lse = torch.logaddexp(pre_lse, own_lse)
+    merged = (pre_out * (pre_lse - lse).exp_().unsqueeze(-1)
+              + own_out * (own_lse - lse).exp_().unsqueeze(-1))
+    return merged.permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
