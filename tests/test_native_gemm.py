@@ -91,3 +91,4 @@ def test_pool_works_after_fork(monkeypatch):
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0 and queue.get(timeout=5) == 8 * 32 * 64.0
+
