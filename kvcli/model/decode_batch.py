@@ -70,7 +70,7 @@ def _decode_seqs(seq_lens: list[int], query_start_loc: list[int]) -> list[int]:
             and seq_lens[s] > 1]
 
 
-def _common_prefix(tables: list[list[int]], limit: int) -> int:
+def common_prefix(tables: list[list[int]], limit: int) -> int:
     first = tables[0]
     n = 0
     while n < limit and all(t[n] == first[n] for t in tables):
@@ -124,7 +124,7 @@ def _make_batch(
     common = 0
     if cascade:
         # Only full blocks can be common: cap at the shortest context's full blocks.
-        common = _common_prefix(tables, min(seq_lens[s] for s in seqs) // block_size)
+        common = common_prefix(tables, min(seq_lens[s] for s in seqs) // block_size)
         if common < MIN_CASCADE_BLOCKS:
             common = 0
     nblocks = [-(-seq_lens[s] // block_size) - common for s in seqs]

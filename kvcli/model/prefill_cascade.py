@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, _common_prefix
+from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, common_prefix
 
 # torch's fused CPU attention, which also returns each row's log-sum-exp (F.scaled_dot_product_
 # attention does not); None in builds without it, where the per-sequence path runs instead.
@@ -52,7 +52,7 @@ def build_prefill_groups(
             continue
         # Only blocks computed before this step: every query of every chunk sees all of them.
         limit = min(num_computed[s] for s in members) // block_size
-        common = _common_prefix([block_tables[s] for s in members], limit)
+        common = common_prefix([block_tables[s] for s in members], limit)
         if common < MIN_CASCADE_BLOCKS:
             continue
         blocks = torch.tensor(block_tables[members[0]][:common], dtype=torch.int64)
