@@ -23,7 +23,13 @@ from kvcli.model.decode_batch import (
     decode_attention,
 )
 from kvcli.model.native import paged_decode_attention
-from kvcli.model.prefill_cascade import PrefillGroup, build_prefill_groups, prefill_cascade
+from kvcli.model.prefill_cascade import (
+    PrefillGroup,
+    broadcast_kv,
+    build_prefill_groups,
+    grouped_queries,
+    prefill_cascade,
+)
 
 
 @dataclass(slots=True)
@@ -266,13 +272,12 @@ def grouped_sdpa(
     kernel: 2.3-2.9x faster for prefill, measured with torch 2.13.)
     """
     q_len, num_heads, head_dim = q.shape
-    kv_heads, kv_len = keys.shape[1], keys.shape[0]
+    kv_heads = keys.shape[1]
     group = num_heads // kv_heads
-    grouped_shape = (kv_heads, group, kv_len, head_dim)
     out = F.scaled_dot_product_attention(
-        q.view(q_len, kv_heads, group, head_dim).permute(1, 2, 0, 3),
-        keys.transpose(0, 1).unsqueeze(1).expand(grouped_shape),
-        values.transpose(0, 1).unsqueeze(1).expand(grouped_shape),
+        grouped_queries(q, kv_heads),
+        broadcast_kv(keys, group),
+        broadcast_kv(values, group),
         attn_mask=mask,
         is_causal=is_causal,
         scale=scale,

@@ -61,18 +61,23 @@ def build_prefill_groups(
     return groups
 
 
-def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+def grouped_queries(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """[T, H, D] queries -> [Hkv, group, T, D], the layout whose K/V broadcast over the group."""
     t, h, d = x.shape
     return x.view(t, kv_heads, h // kv_heads, d).permute(1, 2, 0, 3)
 
 
+def broadcast_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[L, Hkv, D] keys or values -> [Hkv, group, L, D], a stride-0 view over the group (no copy;
+    torch's fused CPU attention takes it, where ``enable_gqa`` would copy)."""
+    length, kv_heads, d = x.shape
+    return x.transpose(0, 1).unsqueeze(1).expand(kv_heads, group, length, d)
+
+
 def _kv(kv_layer: torch.Tensor, slots: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V at ``slots`` as [Hkv, group, L, D] stride-0 views over the group (no copies)."""
-    k, v = kv_layer[0].index_select(0, slots), kv_layer[1].index_select(0, slots)
-    shape = (k.shape[1], group, k.shape[0], k.shape[2])
-    return (k.transpose(0, 1).unsqueeze(1).expand(shape),
-            v.transpose(0, 1).unsqueeze(1).expand(shape))
+    """K and V at ``slots``, broadcast over the group."""
+    return (broadcast_kv(kv_layer[0].index_select(0, slots), group),
+            broadcast_kv(kv_layer[1].index_select(0, slots), group))
 
 
 def prefill_cascade(
@@ -87,7 +92,7 @@ def prefill_cascade(
     assert _FLASH_LSE is not None
     kv_heads, (rows, num_heads, head_dim) = kv_layer.shape[2], q.shape
     n_group = num_heads // kv_heads
-    qg = _grouped(q, kv_heads).contiguous()
+    qg = grouped_queries(q, kv_heads).contiguous()
     pre_out, pre_lse = _FLASH_LSE(qg, *_kv(kv_layer, group.prefix_slots, n_group), 0.0, False,
                                   scale=scale)[:2]
     own_out, own_lse = torch.empty_like(pre_out), torch.empty_like(pre_lse)
