@@ -1,0 +1,93 @@
+"""The model fingerprint: everything the cached K/V of a token depends on besides its prefix.
+
+Blocks are keyed by ``(fingerprint, chain hash)``. The chain hash names the prefix
+(tokens and ``cache_salt``); the fingerprint names what turns a prefix into K/V:
+the weights' and config's bytes, dtype, device type (CPU and CUDA kernels round
+differently, and outputs with the cache must equal outputs without it), block size,
+attention layout, RoPE settings and kvcli's KV format version. Changing any of them
+changes the fingerprint, so a block of another model or setting is never found.
+
+Hashing the weights (0.5 GB for SmolLM2-135M, ~0.3 s) is done once per file: the
+digest is remembered in ``$KVCLI_HOME/file-digests`` under the file's resolved path,
+size and mtime, the same key the GGUF conversion cache uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Bumped whenever the bytes kvcli stores for a block change meaning (layout, RoPE placement).
+KV_FORMAT_VERSION = 1
+
+# Files whose bytes the K/V depend on; tokenizer files do not matter (blocks hold token ids).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelFingerprint:
+    weights_sha256: str
+    architecture: str
+    dtype: str
+    device_type: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    rope: dict[str, Any] = field(hash=False)
+    kv_format_version: int = KV_FORMAT_VERSION
+    label: str = field(default="", compare=False)  # the model as the user named it (not keyed)
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> bytes:
+        keyed = {k: v for k, v in asdict(self).items() if k != "label"}
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).digest()
+
+
+def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:
+    """sha256 over the names and contents of ``config.json`` and the weight files."""
+    files = sorted(p for p in Path(model_dir).iterdir()
+                   if p.is_file() and (p.name == "config.json" or p.suffix in _WEIGHT_SUFFIXES))
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
+        raise ValueError(f"{model_dir}: no weight files to fingerprint")
+    whole = hashlib.sha256()
+    for path in files:
+        whole.update(path.name.encode() + b"\0" + file_digest(path, digest_cache).encode())
+    return whole.hexdigest()
+
+
+def file_digest(path: Path, digest_cache: Path | None) -> str:
+    """sha256 of one file's bytes, remembered by (resolved path, size, mtime)."""
+    resolved = path.resolve()
+    st = resolved.stat()
+    key = hashlib.sha256(f"{resolved}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+    memo = digest_cache / key if digest_cache is not None else None
+    if memo is not None:
+        try:
+            text = memo.read_text().strip()
+            if len(text) == 64:
+                return text
+        except OSError:
+            pass
+    with open(resolved, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if memo is not None:
+        _remember(memo, digest)
+    return digest
+
+
+def _remember(memo: Path, digest: str) -> None:
+    """Best effort: an unwritable cache only means hashing again next time."""
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest + "\n")
+        os.replace(tmp, memo)
+    except OSError:
+        pass

@@ -1,0 +1,146 @@
+"""The blocks of one model fingerprint in a cache directory: read, verify, publish (torch-free).
+
+A read is one ``open``: a missing file is a miss. A file that fails its checks is
+ignored (and removed, so the next run rewrites it), with one warning per process.
+A write goes to ``DIR/tmp`` and is renamed into place, so readers, in this process
+or another, see a whole block or nothing. No fsync: after a power cut a renamed
+file may hold garbage, which its checksum then rejects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcli.kvstore.directory import write_private
+from kvcli.kvstore.format import BlockKey, CorruptBlockError, check_block, encode_header
+
+log = logging.getLogger("kvcli.kvstore")
+
+
+@dataclass(slots=True)
+class DiskStats:
+    """What the disk tier did in this process (blocks, bytes, seconds)."""
+
+    hit_blocks: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+    corrupt_blocks: int = 0
+    written_blocks: int = 0
+    bytes_written: int = 0
+    write_s: float = 0.0
+    dropped_blocks: int = 0  # not written: the write queue was full, or writing stopped
+    evicted_blocks: int = 0
+    write_error: str | None = None  # why writing stopped (disk full, read-only, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["read_gb_s"] = round(self.bytes_read / self.read_s / 1e9, 3) if self.read_s else None
+        d["write_gb_s"] = (round(self.bytes_written / self.write_s / 1e9, 3)
+                           if self.write_s else None)
+        d["read_s"], d["write_s"] = round(self.read_s, 4), round(self.write_s, 4)
+        return d
+
+
+class ModelStore:
+    """Block files of one fingerprint under ``root/models/<fingerprint hex>``."""
+
+    def __init__(self, root: Path, fingerprint: bytes, description: dict[str, Any]) -> None:
+        self.root = root
+        self.fingerprint = fingerprint
+        self.dir = root / "models" / fingerprint.hex()
+        self.description = description
+        self.stats = DiskStats()
+        self._warned_corrupt = False
+        self._ready = False  # tmp/, the model directory and model.json exist
+
+    def path(self, block_hash: bytes) -> Path:
+        name = block_hash.hex()
+        return self.dir / name[:2] / name
+
+    def contains(self, block_hash: bytes) -> bool:
+        return self.path(block_hash).exists()
+
+    # -------------------------------------------------------------------- read
+    def read(self, block_hash: bytes) -> memoryview | None:
+        """The block's verified payload (writable memory), or None: not there or not usable."""
+        path = self.path(block_hash)
+        t0 = time.perf_counter()
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                got = f.readinto(data)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self._corrupt(path, f"unreadable: {err.strerror or err}", remove=False)
+            return None
+        try:
+            payload = check_block(BlockKey(self.fingerprint, block_hash), data[:got])
+        except CorruptBlockError as err:
+            self._corrupt(path, str(err), remove=True)
+            return None
+        self.stats.read_s += time.perf_counter() - t0
+        self.stats.hit_blocks += 1
+        self.stats.bytes_read += got
+        _touch(path)
+        return payload
+
+    def _corrupt(self, path: Path, why: str, remove: bool) -> None:
+        self.stats.corrupt_blocks += 1
+        if not self._warned_corrupt:
+            self._warned_corrupt = True
+            log.warning("kvcli: ignoring a damaged KV cache block %s (%s); it is recomputed "
+                        "(further damaged blocks are ignored silently)", path, why)
+        if remove:
+            try:
+                path.unlink()
+            except OSError:  # read-only directory: it stays ignored
+                pass
+
+    # ------------------------------------------------------------------- write
+    def write(self, block_hash: bytes, payload: memoryview) -> int:
+        """Publish one block atomically; bytes written (0 if it was already there). OSError
+        (disk full, read-only) propagates: the caller stops writing."""
+        final = self.path(block_hash)
+        if final.exists():
+            return 0
+        t0 = time.perf_counter()
+        if not self._ready:
+            self._prepare()
+            self._ready = True
+        final.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = self.root / "tmp" / f"{block_hash.hex()}.{os.getpid()}.{time.monotonic_ns()}"
+        header = encode_header(BlockKey(self.fingerprint, block_hash), payload)
+        write_private(tmp, payload, header)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.stats.write_s += time.perf_counter() - t0
+        self.stats.written_blocks += 1
+        self.stats.bytes_written += len(header) + len(payload)
+        return len(header) + len(payload)
+
+    def _prepare(self) -> None:
+        (self.root / "tmp").mkdir(mode=0o700, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        meta = self.dir / "model.json"
+        if not meta.exists():
+            tmp = self.root / "tmp" / f"model.json.{os.getpid()}.{time.monotonic_ns()}"
+            write_private(tmp, json.dumps(self.description, indent=1, sort_keys=True).encode())
+            os.replace(tmp, meta)
+
+
+def _touch(path: Path) -> None:
+    """Mark a hit as the block's last use (eviction order); a read-only directory keeps the old."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
