@@ -30,6 +30,7 @@ from kvcli.batch.signals import StopSignal
 from kvcli.batch.source import RawLine
 from kvcli.batch.summary import RunCounters
 from kvcli.batch.writer import ResultWriter
+from kvcli.engine.request import SamplingParams
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE = 0, 1, 2, 141
 
@@ -52,6 +53,11 @@ class JobOptions:
     max_pending: int = 256
     fail_fast: bool = False
     input_name: str = "-"
+    # A line without max_tokens gets min(default, what the context leaves), so the default
+    # never fails a line (None: the context); an explicit one that does not fit is the line's
+    # error unless clamp_max_tokens (vLLM: explicit over-long is a 400, absent is clamped).
+    default_max_tokens: int | None = 256
+    clamp_max_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -139,6 +145,7 @@ class BatchJob:
         self._warn_ignored(parsed, raw.line_no)
         try:
             ids = self.encoder.encode(parsed.prompt)
+            self._fit_max_tokens(parsed.params, len(ids))
             self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         except LineError as err:
             self._fail(seq, FailedLine(parsed.ident, parsed.style, err))
@@ -148,6 +155,14 @@ class BatchJob:
             return
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
         self._pending[str(seq)] = (seq, parsed)
+
+    def _fit_max_tokens(self, params: SamplingParams, prompt_len: int) -> None:
+        room = self.engine.max_model_len - prompt_len  # >= 1: the encoder refused longer prompts
+        if params.max_tokens is None:
+            default = self.opts.default_max_tokens
+            params.max_tokens = room if default is None else min(default, room)
+        elif self.opts.clamp_max_tokens and params.max_tokens > room:
+            params.max_tokens = room
 
     def _finish(self, out: Any) -> None:
         seq, req = self._pending.pop(out.request_id)

@@ -11,6 +11,7 @@ from typing import Any
 
 Entry = dict[int, float]
 Decode = Callable[[int], str]
+RawBytes = Callable[[int], list[int]]
 
 
 def _top(entry: Entry, k: int) -> list[tuple[int, float]]:
@@ -28,10 +29,11 @@ def plain_logprobs(token_ids: list[int], entries: list[Entry], k: int,
 
 
 def chat_logprobs(token_ids: list[int], entries: list[Entry], k: int,
-                  decode: Decode) -> dict[str, Any]:
+                  decode: Decode, raw: RawBytes) -> dict[str, Any]:
+    """``bytes`` is the token's own bytes (``raw``), as OpenAI gives them: a token holding part
+    of a UTF-8 character decodes alone to U+FFFD, whose bytes would say nothing."""
     def item(tok: int, lp: float | None) -> dict[str, Any]:
-        text = decode(tok)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return {"token": decode(tok), "logprob": lp, "bytes": raw(tok)}
 
     content = []
     for tok, entry in zip(token_ids, entries, strict=False):

@@ -44,6 +44,8 @@ class ResultFormatter:
     tokenizer: Any  # for the text of logprob tokens
     include_token_ids: bool = False
     _token_text: dict[int, str] = field(default_factory=dict)
+    _token_raw: dict[int, list[int]] = field(default_factory=dict)
+    _special_ids: frozenset[int] | None = None
 
     def success(self, req: LineRequest, out: RequestOutput) -> bytes:
         if req.style is Style.PLAIN:
@@ -125,9 +127,10 @@ class ResultFormatter:
             choice["text"] = c.text
         k = req.params.logprobs
         logprobs = None
-        if c.logprobs is not None and k is not None:
-            shape = chat_logprobs if chat else completion_logprobs
-            logprobs = shape(c.token_ids, c.logprobs, k, self._decode)
+        if c.logprobs is not None and k is not None and chat:
+            logprobs = chat_logprobs(c.token_ids, c.logprobs, k, self._decode, self._raw_bytes)
+        elif c.logprobs is not None and k is not None:
+            logprobs = completion_logprobs(c.token_ids, c.logprobs, k, self._decode)
         choice.update(logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
@@ -138,6 +141,21 @@ class ResultFormatter:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
+
+    def _raw_bytes(self, token_id: int) -> list[int]:
+        """A token's own bytes (a byte-fallback token's one byte); a special token's are those
+        of its shown text, like ``token``. A tokenizer without ``token_bytes``: the text's."""
+        raw = self._token_raw.get(token_id)
+        if raw is None:
+            if self._special_ids is None:
+                self._special_ids = frozenset(getattr(self.tokenizer, "all_special_ids", ()))
+            token_bytes = getattr(self.tokenizer, "token_bytes", None)
+            if token_bytes is None or token_id in self._special_ids:
+                raw = list(self._decode(token_id).encode())
+            else:
+                raw = list(token_bytes(token_id))
+            self._token_raw[token_id] = raw
+        return raw
 
 
 def _completion_tokens(out: RequestOutput) -> int:

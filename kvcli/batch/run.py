@@ -12,7 +12,7 @@ import pickle
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 import orjson
@@ -50,6 +50,7 @@ class GenerateConfig:
     progress: bool = False
     stats_path: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)  # per-line defaults
+    clamp_max_tokens: bool = False  # an explicit max_tokens past the context: cap, not error
     seed: int = 0
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
 
@@ -185,8 +186,12 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     show = cfg.progress or sys.stderr.isatty()
     total = count_lines(cfg.input, cfg.max_line_bytes) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
-    opts = JobOptions(ParseOptions(cfg.sampling, cfg.strict, cfg.seed, cfg.max_line_bytes),
-                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin")
+    # The parser leaves max_tokens unset where the line does; the job then fits the default
+    # to the prompt, and only an explicit value can overflow the context.
+    defaults = replace(cfg.sampling, max_tokens=None)
+    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes),
+                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens)
     formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
                                 cfg.token_ids)
     counters = RunCounters()

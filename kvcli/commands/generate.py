@@ -49,7 +49,11 @@ _JOB_OPTIONS = [
 
 _SAMPLING_OPTIONS = [
     click.option("--max-tokens", type=int, default=256, show_default=True,
-                 help="Default max new tokens per request."),
+                 help="Default max new tokens of a line without max_tokens (capped at what "
+                      "its prompt leaves of the context)."),
+    click.option("--clamp-max-tokens", is_flag=True,
+                 help="A line's max_tokens past the model's context is capped at the context "
+                      "instead of being that line's error."),
     click.option("--temperature", type=float, default=0.0, show_default=True,
                  help="Default temperature (0 = greedy)."),
     click.option("--top-p", type=float, default=1.0, show_default=True),
@@ -58,7 +62,8 @@ _SAMPLING_OPTIONS = [
     click.option("--repetition-penalty", type=float, default=1.0, show_default=True),
     click.option("--stop", multiple=True, metavar="TEXT", help="Default stop string (repeatable)."),
     click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-sequence tokens."),
-    click.option("--seed", type=int, default=0, show_default=True,
+    click.option("--seed", type=click.IntRange(-(1 << 63), (1 << 63) - 1), default=0,
+                 show_default=True,
                  help="Run seed: a request without a seed samples from one derived from this "
                       "and its id, so reruns and resumed runs give the same text."),
 ]
@@ -143,7 +148,7 @@ def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
         strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
-        engine=_engine_options(opts),
+        clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
     )
     try:
         if opts["ray_address"] is None:

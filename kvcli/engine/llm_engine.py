@@ -8,7 +8,7 @@ for sampling rows only, Sampler) -> stop checks -> finished requests freed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,8 @@ class LLMEngine:
         """Queue a request; raises ``ValueError("field: reason")`` when it can never run."""
         params = params or SamplingParams()
         params.validate()
+        if params.max_tokens is None:  # "until the context ends", as vLLM's server defaults it
+            params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self._validate_prompt(request_id, prompt_token_ids, params)
         children = []
         for i in range(params.n):
@@ -133,6 +135,10 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
                              f"{self.max_model_len} (prompt plus at least one new token)")
+        if len(ids) + params.max_tokens > self.max_model_len:  # as vLLM and the OpenAI API refuse it
+            raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the {len(ids)}-token "
+                             f"prompt exceed the model's context of {self.max_model_len} tokens; "
+                             f"at most {self.max_model_len - len(ids)} fit")
         bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt_token_ids: token id {bad!r} outside [0, {self.vocab_size})")

@@ -20,10 +20,14 @@ class SamplingParams:
     """Per-request sampling and stopping settings (vLLM / OpenAI semantics).
 
     ``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` disable those
-    filters. ``seed`` makes sampling reproducible whatever else is in the batch.
+    filters. ``seed`` makes sampling reproducible whatever else is in the batch; any
+    64-bit signed integer, negative ones included (as vLLM takes it). ``max_tokens=None``
+    means "until the context ends" (the engine fills it in per prompt, as vLLM's OpenAI
+    server does for a request without ``max_tokens``); an explicit value that does not fit
+    the context with the prompt is the request's error.
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -40,34 +44,39 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ``ValueError("field: reason")`` for the first invalid field."""
-        checks: list[tuple[str, bool, str]] = [
-            ("max_tokens", _is_int(self.max_tokens) and self.max_tokens >= 1, "an integer >= 1"),
-            ("temperature", _is_num(self.temperature) and self.temperature >= 0, "a number >= 0"),
-            ("top_k", _is_int(self.top_k) and self.top_k >= 0, "an integer >= 0"),
-            ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
-            ("min_p", _is_num(self.min_p) and 0 <= self.min_p <= 1, "a number in [0, 1]"),
-            ("repetition_penalty", _is_num(self.repetition_penalty) and self.repetition_penalty > 0,
-             "a number > 0"),
-            ("presence_penalty", _is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
-             "a number in [-2, 2]"),
-            ("frequency_penalty", _is_num(self.frequency_penalty)
-             and -2 <= self.frequency_penalty <= 2, "a number in [-2, 2]"),
-            ("seed", self.seed is None or _is_int(self.seed), "an integer"),
-            ("stop", isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
-             "a list of non-empty strings"),
-            ("stop_token_ids", isinstance(self.stop_token_ids, list)
-             and all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "a list of token ids"),
-            ("n", _is_int(self.n) and 1 <= self.n <= 128, "an integer in [1, 128]"),
-            ("logprobs", self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-             "an integer in [0, 20]"),
-        ]
-        for name, ok, expected in checks:
-            if not ok:
-                raise ValueError(f"{name}: expected {expected}, got {getattr(self, name)!r}")
+        for problem in (
+            self.max_tokens is not None and _int_error("max_tokens", self.max_tokens, 1, INT64_MAX,
+                                                       "an integer >= 1"),
+            _check("temperature", _is_num(self.temperature) and self.temperature >= 0,
+                   "a number >= 0", self.temperature),
+            _int_error("top_k", self.top_k, 0, INT64_MAX, "an integer >= 0"),
+            _check("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]",
+                   self.top_p),
+            _check("min_p", _is_num(self.min_p) and 0 <= self.min_p <= 1, "a number in [0, 1]",
+                   self.min_p),
+            _check("repetition_penalty", _is_num(self.repetition_penalty)
+                   and self.repetition_penalty > 0, "a number > 0", self.repetition_penalty),
+            _penalty_error("presence_penalty", self.presence_penalty),
+            _penalty_error("frequency_penalty", self.frequency_penalty),
+            self.seed is not None and _int_error("seed", self.seed, INT64_MIN, INT64_MAX,
+                                                 "an integer"),
+            _check("stop", isinstance(self.stop, list)
+                   and all(isinstance(s, str) and s for s in self.stop),
+                   "a list of non-empty strings", self.stop),
+            _stop_token_ids_error(self.stop_token_ids),
+            _int_error("n", self.n, 1, 128, "an integer in [1, 128]"),
+            self.logprobs is not None and _int_error("logprobs", self.logprobs, 0, 20,
+                                                     "an integer in [0, 20]"),
+        ):
+            if problem:
+                raise ValueError(problem)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # integer fields are 64-bit, as in vLLM
 
 
 def _is_int(v: object) -> bool:
@@ -76,6 +85,40 @@ def _is_int(v: object) -> bool:
 
 def _is_num(v: object) -> bool:
     return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _check(name: str, ok: bool, expected: str, value: object) -> str | None:
+    return None if ok else f"{name}: expected {expected}, got {value!r}"
+
+
+def _int_error(name: str, value: object, lo: int, hi: int, expected: str) -> str | None:
+    """None for an integer in [lo, hi]; else the reason, "out of range" for a whole number.
+
+    JSON parsers (orjson included) hand an integer beyond 64 bits over as a float, so
+    ``1267650600228229401496703205376`` arrives as ``1.2676506002282294e+30``: a whole
+    number either way, and what is wrong with it is its size, not its type.
+    """
+    if _is_int(value) and lo <= value <= hi:  # type: ignore[operator]
+        return None
+    whole = _is_int(value) or (isinstance(value, float) and value.is_integer())
+    if whole and not lo <= value <= hi:  # type: ignore[operator]
+        return f"{name}: {value!r} is out of range: expected an integer in [{lo}, {hi}]"
+    return f"{name}: expected {expected}, got {value!r}"
+
+
+def _penalty_error(name: str, value: object) -> str | None:
+    return _check(name, _is_num(value) and -2 <= value <= 2, "a number in [-2, 2]",  # type: ignore[operator]
+                  value)
+
+
+def _stop_token_ids_error(ids: object) -> str | None:
+    if not isinstance(ids, list):
+        return f"stop_token_ids: expected a list of token ids, got {ids!r}"
+    for i, tok in enumerate(ids):
+        problem = _int_error(f"stop_token_ids[{i}]", tok, 0, INT64_MAX, "a token id (an integer >= 0)")
+        if problem:
+            return problem
+    return None
 
 
 class RequestStatus(enum.Enum):
