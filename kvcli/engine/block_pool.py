@@ -26,6 +26,9 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
+    # Loaded from the disk cache and not yet taken by a request: its first taker counts a
+    # disk hit, later ones a memory hit (kv_cache.KVCacheManager._count_disk_hits).
+    from_disk: bool = False
     # Intrusive links of the free queue: None while the block is in use.
     prev_free: KVCacheBlock | None = field(default=None, repr=False)
     next_free: KVCacheBlock | None = field(default=None, repr=False)
@@ -148,6 +151,7 @@ class BlockPool:
                 self.uncache_block(block)
                 self.num_evicted_blocks += 1
             block.ref_cnt = 1
+            block.from_disk = False
             new.append(block)
         return new
 

@@ -9,18 +9,25 @@ A block is registered in the prefix-cache index as soon as it will be full after
 the step being scheduled (like vLLM), so a request admitted later in the same
 step already hits it. The lookup walks ``request.block_hashes`` from block 0 and
 stops at the first miss: hashes are chained, so every later block misses too.
+With a disk tier (``--kv-cache-dir``) a block missing in memory is looked up on
+disk before the walk gives up; a disk hit is loaded into a free pool block and
+indexed like any computed block, so it is an ordinary memory hit from then on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvcli.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from kvcli.engine.prefix_stats import PrefixCacheStats
 from kvcli.engine.request import Request
+from kvcli.hashing import BlockHash
 
 __all__ = [
     "BlockPool",
+    "DiskTier",
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
@@ -28,41 +35,12 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class PrefixCacheStats:
-    """Prefix-cache counters, in tokens except where named ``*_blocks``/``*requests``.
+class DiskTier(Protocol):
+    """Where blocks missing in memory may still be found (kvcli/engine/kv_disk.py)."""
 
-    Lookups of preempted requests are kept apart: they re-find their own blocks,
-    which would otherwise inflate the hit rate (vLLM issue #25780).
-    """
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-    evicted_blocks: int = 0
-    peak_blocks_in_use: int = 0
-
-    def record(self, num_tokens: int, num_hit_tokens: int, preempted: bool, count: int = 1) -> None:
-        """Add one lookup (``count=-1`` takes a recorded lookup back)."""
-        if preempted:
-            self.preempted_requests += count
-            self.preempted_queries += count * num_tokens
-            self.preempted_hits += count * num_hit_tokens
-        else:
-            self.requests += count
-            self.queries += count * num_tokens
-            self.hits += count * num_hit_tokens
-
-    @property
-    def hit_rate(self) -> float:
-        """Fraction of first-time prompt tokens served from the cache."""
-        return self.hits / self.queries if self.queries else 0.0
-
-    def to_dict(self) -> dict[str, int | float]:
-        return {**asdict(self), "hit_rate": self.hit_rate}
+    def load(self, block_hash: BlockHash, block_id: int) -> bool:
+        """Fill pool block ``block_id`` with the block named ``block_hash``; False if absent."""
+        ...
 
 
 @dataclass(slots=True)
@@ -79,7 +57,8 @@ class _RequestBlocks:
 class KVCacheManager:
     """Hands out KV-cache blocks to requests and finds their cached prefixes."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 disk: DiskTier | None = None) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size!r}")
         self.block_size = block_size
@@ -90,6 +69,9 @@ class KVCacheManager:
         # Lookup recorded for a request not admitted yet: a retry replaces it, so a
         # request that waits several steps for blocks is counted once.
         self._pending_lookups: dict[str, tuple[int, int, bool]] = {}
+        self.disk = disk if enable_caching else None
+        self.disk_hit_tokens: dict[str, int] = {}  # request id -> tokens loaded from disk
+        self._new_full: list[tuple[KVCacheBlock, BlockHash]] = []  # registered this step
 
     # ------------------------------------------------------------------ lookup
     def get_computed_blocks(
@@ -99,22 +81,59 @@ class KVCacheManager:
 
         At least one token is left to compute: the engine needs its logits, so a
         fully cached prompt gives up its last hit block. ``record_stats=False``
-        makes a pure probe (e.g. for cache-aware ordering of the waiting queue).
+        makes a pure probe (e.g. for cache-aware ordering of the waiting queue) that never
+        reads the disk tier; otherwise disk hits are loaded into the pool first.
         """
         if not self.enable_caching:
             return [], 0
         self._check_block_size(request)
         max_hit_blocks = max(0, request.num_tokens - 1) // self.block_size
+        hashes = request.block_hashes[:max_hit_blocks]
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        for block_hash in hashes:
             block = self.block_pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
+        if record_stats and self.disk is not None and len(hits) < len(hashes):
+            hits = self._continue_on_disk(hits, hashes)
         num_hit_tokens = len(hits) * self.block_size
         if record_stats:
             self._record_lookup(request, num_hit_tokens)
         return hits, num_hit_tokens
+
+    def _continue_on_disk(self, hits: list[KVCacheBlock],
+                          hashes: list[BlockHash]) -> list[KVCacheBlock]:
+        """The same walk past the first memory miss, loading disk hits into pool blocks.
+
+        The walk's blocks are pinned meanwhile, so taking a free block for a load can
+        never evict a block of this very prefix; released, they are cached free blocks
+        (most recently used) that ``allocate_slots`` takes like any hit.
+        """
+        pool = self.block_pool
+        pool.touch(hits)
+        walk = list(hits)
+        try:
+            for block_hash in hashes[len(walk):]:
+                block = pool.get_cached_block(block_hash)
+                if block is not None:
+                    pool.touch([block])
+                elif pool.num_free_blocks == 0 or (block := self._load(block_hash)) is None:
+                    break
+                walk.append(block)
+        finally:
+            pool.free_blocks(reversed(walk))
+        return walk
+
+    def _load(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        assert self.disk is not None
+        [block] = self.block_pool.get_new_blocks(1)
+        if not self.disk.load(block_hash, block.block_id):
+            self.block_pool.free_blocks([block])
+            return None
+        self.block_pool.cache_block(block, block_hash)
+        block.from_disk = True
+        return block
 
     def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
         lookup = (request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
@@ -150,6 +169,8 @@ class KVCacheManager:
         if state is None:
             state = self._requests[request.request_id] = _RequestBlocks()
             self._pending_lookups.pop(request.request_id, None)
+            if self.disk is not None:
+                self._count_disk_hits(request, new_computed_blocks)
         known = max(num_hit, request.num_computed_tokens // self.block_size)
         state.num_known_computed = max(state.num_known_computed, known)
         self.block_pool.touch(new_computed_blocks)
@@ -160,6 +181,15 @@ class KVCacheManager:
             self._register_full_blocks(request, state, total_tokens)
         self._update_pool_stats()
         return new_blocks
+
+    def _count_disk_hits(self, request: Request, hits: Sequence[KVCacheBlock]) -> None:
+        """Credit the blocks loaded from disk to the first request that takes them."""
+        tokens = self.block_size * sum(block.from_disk for block in hits)
+        for block in hits:
+            block.from_disk = False
+        if request.num_preemptions == 0:
+            self.stats.disk_hits += tokens
+        self.disk_hit_tokens.setdefault(request.request_id, tokens)
 
     def _check_allocation(
         self,
@@ -191,13 +221,26 @@ class KVCacheManager:
         hashes = request.block_hashes
         num_full = min(total_tokens // self.block_size, len(hashes))
         for i in range(state.num_registered, num_full):
-            self.block_pool.cache_block(state.blocks[i], hashes[i])
+            block = state.blocks[i]
+            fresh = block.block_hash is None  # not a hit: this step computes its K/V
+            if self.block_pool.cache_block(block, hashes[i]) and fresh and self.disk is not None:
+                self._new_full.append((block, hashes[i]))
         state.num_registered = max(state.num_registered, num_full)
 
     def _update_pool_stats(self) -> None:
         in_use = self.block_pool.num_blocks - self.block_pool.num_free_blocks
         self.stats.peak_blocks_in_use = max(self.stats.peak_blocks_in_use, in_use)
         self.stats.evicted_blocks = self.block_pool.num_evicted_blocks
+
+    def drain_new_full_blocks(self) -> list[tuple[int, BlockHash]]:
+        """(block id, hash) of every block the step just run filled, for the disk tier.
+
+        Call after the forward pass. A block unindexed or reused before the step ran (its
+        request was preempted in the same schedule) no longer carries its hash: skipped.
+        """
+        done = [(b.block_id, h) for b, h in self._new_full if b.block_hash == h]
+        self._new_full.clear()
+        return done
 
     # ------------------------------------------------------------------- free
     def free(self, request: Request) -> None:

@@ -41,11 +41,13 @@ class EngineConfig:
     dtype: str = "float32"
     allow_pickle: bool = False
     seed: int = 0
+    kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
+    kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
 
 
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: EngineConfig,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] = (), model_dir: Path | None = None) -> None:
         from kvcli.model.attention import allocate_kv_cache, kv_cache_bytes_per_block
 
         self.config = config
@@ -63,15 +65,31 @@ class LLMEngine:
             if config.kv_cache_memory is None:
                 num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
         self.num_blocks = int(num_blocks)
-        self._reset_bookkeeping()
         kv = allocate_kv_cache(model, self.num_blocks, config.block_size, dtype, config.device)
+        self.disk = self._open_disk_tier(kv, model_dir)
+        self._reset_bookkeeping()
         self.sampler = Sampler(config.seed)
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+
+    def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
+        config = self.config
+        if config.kv_cache_dir is None:
+            return None
+        if not config.enable_prefix_caching:
+            raise ValueError("kv_cache_dir: the disk cache needs prefix caching enabled")
+        if model_dir is None:
+            raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
+        from kvcli.engine.kv_disk import open_disk_tier
+
+        return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, self.model,
+                              Path(model_dir), kv, config.block_size,
+                              config.model or str(model_dir))
 
     def _reset_bookkeeping(self) -> None:
         config = self.config
         self.kv_manager = KVCacheManager(self.num_blocks, config.block_size,
-                                         enable_caching=config.enable_prefix_caching)
+                                         enable_caching=config.enable_prefix_caching,
+                                         disk=self.disk)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs,
                             self.max_model_len, config.scheduling),
@@ -103,7 +121,7 @@ class LLMEngine:
         model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device,
                            allow_pickle=config.allow_pickle)
         eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
-        return cls(model, tokenizer, config, eos)
+        return cls(model, tokenizer, config, eos, model_dir=model_dir)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -164,6 +182,8 @@ class LLMEngine:
         tables = [self.kv_manager.get_block_ids(r.request_id) for r in out.requests]
         self.metrics.on_schedule(out, self.kv_manager)
         samplers, result = self.runner.execute(out, tables)
+        if self.disk is not None:  # copy the blocks this step filled out before any reuse
+            self.disk.save(self.kv_manager.drain_new_full_blocks())
         self.scheduler.update_after_step(out)
         now = time.monotonic()
         finished: list[RequestOutput] = []
@@ -205,6 +225,7 @@ class LLMEngine:
         if group is None or not all(r.is_finished for r in group):
             return None
         del self._groups[parent]
+        disk_hits = self.kv_manager.disk_hit_tokens.get(group[0].request_id, 0)
         outs = []
         for i, r in enumerate(group):
             outs.append(CompletionOutput(
@@ -217,12 +238,23 @@ class LLMEngine:
         result = RequestOutput(parent, list(first.prompt_token_ids), outs,
                                max(first.num_cached_tokens, 0),
                                sum(r.num_preemptions for r in group), ttft)
+        if self.disk is not None:  # like num_cached_tokens: the first sample's admission
+            result.num_disk_cached_tokens = disk_hits
         self.metrics.on_finished(result)
         return result
 
     def _forget(self, req: Request) -> None:
         self._requests.pop(req.request_id, None)
         self.sampler.forget(req.request_id)
+        self.kv_manager.disk_hit_tokens.pop(req.request_id, None)
 
     def stats(self) -> dict[str, Any]:
-        return self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)
+        stats = self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)
+        if self.disk is not None:
+            stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits)
+        return stats
+
+    def close(self) -> None:
+        """Finish the disk cache's queued writes (also done at interpreter exit)."""
+        if self.disk is not None:
+            self.disk.close()

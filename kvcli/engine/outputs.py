@@ -24,6 +24,8 @@ class RequestOutput:
     num_preemptions: int = 0
     time_to_first_token: float | None = None
     error: str | None = None
+    # Of num_cached_tokens, those loaded from the disk cache; None when it is off.
+    num_disk_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,95 @@
+"""The engine side of the disk KV cache: blocks between the KV tensor and kvcli/kvstore.
+
+``load`` runs while the scheduler walks a request's prefix (before the step that
+attends the block): one file read, checksum, one copy into the pool block. ``save``
+runs right after a step: the blocks it filled are gathered out of the KV tensor in
+one copy (a block may be reused by the next step) and handed to the write-behind
+thread; nothing else happens in the step. Blocks already on disk are not copied.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvcli.hashing import BlockHash
+from kvcli.kvstore import DEFAULT_MAX_BYTES, ModelFingerprint, WriteBehind, open_model_store
+from kvcli.kvstore.fingerprint import weights_digest
+from kvcli.kvstore.store import ModelStore
+
+
+class DiskKVTier:
+    def __init__(self, store: ModelStore, writer: WriteBehind, kv: torch.Tensor,
+                 block_size: int) -> None:
+        layers, two, slots, heads, head_dim = kv.shape
+        self.store = store
+        self.writer = writer
+        self.kv = kv
+        self.block_size = block_size
+        # [block, layers, 2, block_size, heads, head_dim]: one block is one index of a view.
+        self._by_block = kv.view(layers, two, slots // block_size, block_size, heads, head_dim) \
+            .permute(2, 0, 1, 3, 4, 5)
+        self._block_shape = (layers, two, block_size, heads, head_dim)
+        self.block_bytes = layers * two * block_size * heads * head_dim * kv.element_size()
+        self.load_s = 0.0  # reading, checking and copying into the pool
+        self.save_s = 0.0  # the step's share of writing: the gather copy
+
+    def load(self, block_hash: BlockHash, block_id: int) -> bool:
+        t0 = time.perf_counter()
+        payload = self.store.read(block_hash)
+        if payload is None or len(payload) != self.block_bytes:
+            return False
+        src = torch.frombuffer(payload, dtype=torch.uint8).view(self.kv.dtype)
+        self._by_block[block_id].copy_(src.view(self._block_shape))
+        self.load_s += time.perf_counter() - t0
+        return True
+
+    def save(self, blocks: list[tuple[int, BlockHash]]) -> None:
+        if not blocks or self.writer.stopped:
+            return
+        t0 = time.perf_counter()
+        todo = [(bid, h) for bid, h in blocks if not self.store.contains(h)]
+        room = len(todo)
+        while room and not self.writer.has_room(room * self.block_bytes):
+            room -= 1
+        self.store.stats.dropped_blocks += len(todo) - room
+        todo = todo[:room]
+        if todo:
+            ids = torch.tensor([bid for bid, _ in todo], device=self.kv.device)
+            gathered = self._by_block.index_select(0, ids).contiguous().cpu()
+            raw = gathered.view(torch.uint8).reshape(len(todo), -1).numpy()
+            for row, (_, block_hash) in zip(raw, todo, strict=True):
+                self.writer.offer(block_hash, memoryview(row))
+        self.save_s += time.perf_counter() - t0
+
+    def report(self, hit_tokens: int) -> dict[str, Any]:
+        """The run's disk-cache numbers (writes flushed first, so they are complete)."""
+        self.writer.flush()
+        stats = self.store.stats.to_dict()
+        load_gb_s = self.store.stats.bytes_read / self.load_s / 1e9 if self.load_s else None
+        return {"dir": str(self.store.root), "hit_tokens": hit_tokens, **stats,
+                "load_s": round(self.load_s, 4), "save_s": round(self.save_s, 4),
+                "load_gb_s": None if load_gb_s is None else round(load_gb_s, 3),
+                "write_stopped": self.writer.stopped}
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir: Path,
+                   kv: torch.Tensor, block_size: int, label: str) -> DiskKVTier:
+    """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
+    from kvcli.model.resolve import kvcli_home
+
+    cfg = model.config
+    fingerprint = ModelFingerprint(
+        weights_sha256=weights_digest(model_dir, kvcli_home() / "file-digests"),
+        architecture=cfg.architecture, dtype=str(kv.dtype).removeprefix("torch."),
+        device_type=kv.device.type, block_size=block_size, num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope), label=label)
+    store = open_model_store(cache_dir, fingerprint)
+    return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)
