@@ -11,7 +11,7 @@ import random
 
 import pytest
 from fidelity import HFReference, compare
-from tiny_models import FAMILIES
+from tiny_models import BASE_FAMILIES
 
 from kvcli.engine.llm import LLM
 from kvcli.engine.request import SamplingParams
@@ -49,7 +49,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=BASE_FAMILIES)
 def family_setup(request, tiny_models):
     model_dir = tiny_models[request.param]
     ref = HFReference(model_dir, MAX_NEW)

@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-FAMILIES: tuple[str, ...] = ("llama", "llama-gqa", "mistral", "qwen2", "qwen3")
+from tiny_families import NEW_FAMILIES, family_config
+
+BASE_FAMILIES: tuple[str, ...] = ("llama", "llama-gqa", "mistral", "qwen2", "qwen3")
+FAMILIES: tuple[str, ...] = BASE_FAMILIES + NEW_FAMILIES
 SEED = 1234
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOKENIZER_VOCAB_SIZE = 448
@@ -118,6 +121,8 @@ def _config(family: str, vocab_size: int, token_ids: dict[str, int]) -> Any:
         return Qwen2Config(**common)
     if family == "qwen3":
         return Qwen3Config(**common)
+    if family in NEW_FAMILIES:
+        return family_config(family, common)
     raise ValueError(f"family: expected one of {', '.join(FAMILIES)}, got {family!r}")
 
 

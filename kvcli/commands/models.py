@@ -50,16 +50,19 @@ def models(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    from kvcli.model.registry import supported_architectures
     from kvcli.model.resolve import SPEC_HELP, kvcli_home, list_models
 
     infos = list_models()
     if as_json:
-        payload = {"home": str(kvcli_home()), "models": [asdict(info) for info in infos]}
+        payload = {"home": str(kvcli_home()), "models": [asdict(info) for info in infos],
+                   "architectures": supported_architectures()}
         click.echo(json.dumps(payload, indent=2))
         return
     _print_table(infos)
     click.echo(f"\nCache: {kvcli_home()} (set KVCLI_HOME to move it).")
     click.echo(f"Choose a model for any command with {SPEC_HELP}.")
+    click.echo(f"Supported architectures: {', '.join(supported_architectures())}.")
 
 
 @models.command("convert")

@@ -7,12 +7,13 @@ without paying for the torch import.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # RoPE variants whose frequencies we reproduce exactly (transformers' modeling_rope_utils).
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 _REQUIRED = object()
 
@@ -29,6 +30,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 0
+    # Fraction of each head that is rotated (Phi-3 / Phi-4-mini); families without it refuse != 1.
+    partial_rotary_factor: float = 1.0
+    # LongRoPE (Phi-3): per-frequency divisors below / from the original context, cos/sin scale.
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,30 +113,54 @@ def parse_rope(raw: dict, path: str, max_position_embeddings: int) -> RopeConfig
         raise ModelConfigError(
             f"{where}: rope type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ModelConfigError(f"{where}: partial_rotary_factor {partial!r} is not supported")
+    partial = read_field(params, where, "partial_rotary_factor", float, None)
+    if partial is None:
+        partial = read_field(raw, path, "partial_rotary_factor", float, 1.0)
     theta = read_field(params, where, "rope_theta", float, None)
     if theta is None:
         theta = read_field(raw, path, "rope_theta", float, 10000.0)
     if rope_type == "default":
-        return RopeConfig("default", theta)
-    factor = read_field(params, where, "factor", float)
-    if rope_type == "linear":
-        return RopeConfig("linear", theta, factor)
+        return RopeConfig("default", theta, partial_rotary_factor=partial)
     original = read_field(params, where, "original_max_position_embeddings", int, None)
     if original is None:
         original = read_field(
             raw, path, "original_max_position_embeddings", int, max_position_embeddings
         )
+    if rope_type == "longrope":
+        return parse_longrope(params, where, theta, partial, original, max_position_embeddings)
+    factor = read_field(params, where, "factor", float)
+    if rope_type == "linear":
+        return RopeConfig("linear", theta, factor, partial_rotary_factor=partial)
     return RopeConfig(
         "llama3",
         theta,
         factor,
+        partial_rotary_factor=partial,
         low_freq_factor=read_field(params, where, "low_freq_factor", float),
         high_freq_factor=read_field(params, where, "high_freq_factor", float),
         original_max_position_embeddings=original,
     )
+
+
+def parse_longrope(params: dict, where: str, theta: float, partial: float, original: int,
+                   max_position_embeddings: int) -> RopeConfig:
+    """transformers' ``_compute_longrope_parameters``: ``factor`` defaults to the context ratio,
+    ``attention_factor`` to sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1)."""
+    factors = []
+    for name in ("short_factor", "long_factor"):
+        value = read_field(params, where, name, list)
+        if not all(isinstance(f, int | float) and not isinstance(f, bool) for f in value):
+            raise ModelConfigError(f"{where}: field '{name}': expected a list of numbers")
+        factors.append(tuple(float(f) for f in value))
+    factor = read_field(params, where, "factor", float, None)
+    if factor is None:
+        factor = max_position_embeddings / original
+    attention = read_field(params, where, "attention_factor", float, None)
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig("longrope", theta, factor, original_max_position_embeddings=original,
+                      partial_rotary_factor=partial, short_factor=factors[0],
+                      long_factor=factors[1], attention_factor=attention)
 
 
 def parse_model_config(raw: dict[str, Any], path: str, architecture: str) -> ModelConfig:

@@ -152,7 +152,11 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-_ACTIVATIONS = {"silu": F.silu}
+_ACTIVATIONS = {
+    "silu": F.silu,
+    # transformers' GELUTanh (Gemma's "gelu_pytorch_tanh")
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 def gated_activation(name: str, config_path: str):

@@ -9,134 +9,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvcli.model import native
-from kvcli.model.attention import Attention, AttentionMetadata, TorchSDPAAttention
-from kvcli.model.config import ModelConfig
-from kvcli.model.layers import (
-    Embedding,
-    Linear,
-    RMSNorm,
-    RotaryEmbedding,
-    apply_rotary,
-    gated_activation,
-    linear,
+from kvcli.model.attention import Attention, AttentionMetadata
+from kvcli.model.config import ModelConfig, ModelConfigError
+from kvcli.model.decoder import (
+    AttentionSpec,
+    DecoderAttention,
+    DecoderLayer,
+    DecoderModel,
+    GatedMLP,
+    LayerSpec,
 )
+from kvcli.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
 from kvcli.model.numpy_decode import NumpyDecoder
 
 Device = torch.device | str
-
-
-class DecoderAttention(nn.Module):
-    """Fused QKV projection, optional per-head q/k RMSNorm (Qwen3), RoPE, paged attention, output."""
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        qkv_bias: bool,
-        o_bias: bool,
-        qk_norm: bool,
-        sliding_window: int | None,
-        dtype: torch.dtype,
-        device: Device,
-    ) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-        )
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split_sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = Linear(cfg.hidden_size, self.split_sizes, qkv_bias, dtype, device)
-        self.o_proj = Linear(q_size, (cfg.hidden_size,), o_bias, dtype, device)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if qk_norm else None
-        self.attn: Attention = TorchSDPAAttention(self.head_dim**-0.5, sliding_window)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_layer: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        q_size, kv_size, _ = self.split_sizes
-        v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
-            q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim))
-            q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
-        else:  # RoPE on q and k heads together: half the element-wise ops per layer
-            heads = self.num_heads + self.num_kv_heads
-            qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
-            lib = native.for_tensor(qkv)
-            if lib is not None:  # in place in the projection's output (qk is a view of it)
-                cos, sin = cos_sin
-                native.rope_(lib, qkv, cos.squeeze(1), sin.squeeze(1), heads, self.head_dim)
-            else:
-                qk = apply_rotary(qk, *cos_sin)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out = self.attn.forward(q, k, v, kv_layer, meta)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
-
-    def __init__(self, cfg: ModelConfig, bias: bool, dtype: torch.dtype, device: Device) -> None:
-        super().__init__()
-        size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, (size, size), bias, dtype, device)
-        self.down_proj = Linear(size, (cfg.hidden_size,), bias, dtype, device)
-        self.act_and_mul = gated_activation(cfg.hidden_act, cfg.path)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        self_attn: DecoderAttention,
-        mlp: GatedMLP,
-        cfg: ModelConfig,
-        dtype: torch.dtype,
-        device: Device,
-    ) -> None:
-        super().__init__()
-        self.self_attn = self_attn
-        self.mlp = mlp
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_layer: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        # Same order of additions as transformers, so float32 results agree to rounding.
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos_sin, kv_layer, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
-class DecoderModel(nn.Module):
-    """transformers' ``model.*`` submodule: embeddings, layers, final norm."""
-
-    def __init__(
-        self, layers: list[DecoderLayer], cfg: ModelConfig, dtype: torch.dtype, device: Device
-    ) -> None:
-        super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.rope, cfg.max_position_embeddings, dtype, device
-        )
 
 
 class LlamaForCausalLM(nn.Module):
@@ -152,7 +38,12 @@ class LlamaForCausalLM(nn.Module):
         "gate_up_proj": ("gate_proj", "up_proj"),
     }
 
-    # --- hooks for the relatives (Qwen2, Qwen3, Mistral) --------------------------------------
+    #: Norm class of every norm (Gemma: ``(1 + weight)``) and whether the fused NumPy batch-1
+    #: decode (numpy_decode.py, which knows only the Llama layer) may be used.
+    norm_class: type[RMSNorm] = RMSNorm
+    numpy_decode_equivalent = True
+
+    # --- hooks for the relatives (Qwen2, Qwen3, Mistral and the families in this package) ------
     def qkv_bias(self, cfg: ModelConfig) -> bool:
         return cfg.attention_bias
 
@@ -162,11 +53,51 @@ class LlamaForCausalLM(nn.Module):
     def mlp_bias(self, cfg: ModelConfig) -> bool:
         return cfg.mlp_bias
 
-    def qk_norm(self, cfg: ModelConfig) -> bool:
-        return False
+    def qk_norm(self, cfg: ModelConfig) -> str | None:
+        return None
 
     def sliding_windows(self, cfg: ModelConfig) -> list[int | None]:
         return [None] * cfg.num_layers
+
+    def attention_spec(self, cfg: ModelConfig, layer: int, window: int | None) -> AttentionSpec:
+        return AttentionSpec(self.qkv_bias(cfg), self.o_bias(cfg), self.qk_norm(cfg), window,
+                             cfg.head_dim**-0.5)
+
+    def attention_backend(self, spec: AttentionSpec) -> Attention | None:
+        """None: the default paged attention (native decode kernel, SDPA prefill)."""
+        return None
+
+    def layer_spec(self, cfg: ModelConfig) -> LayerSpec:
+        return LayerSpec()
+
+    def activation(self, cfg: ModelConfig) -> str:
+        return cfg.hidden_act
+
+    def make_mlp(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device: Device
+                 ) -> nn.Module:
+        return GatedMLP(cfg, self.mlp_bias(cfg), self.activation(cfg), dtype, device)
+
+    def rotary_embeddings(self, cfg: ModelConfig, dtype: torch.dtype, device: Device
+                          ) -> list[nn.Module]:
+        """The RoPE tables, indexed by ``AttentionSpec.rope_slot``."""
+        if cfg.rope.partial_rotary_factor != 1.0:
+            raise ModelConfigError(f"{cfg.path}: field 'partial_rotary_factor': "
+                                   f"{cfg.rope.partial_rotary_factor!r} is not supported for "
+                                   f"{cfg.architecture}")
+        return [RotaryEmbedding(cfg.head_dim, cfg.rope, cfg.max_position_embeddings, dtype,
+                                device)]
+
+    def tie_word_embeddings(self, cfg: ModelConfig) -> bool:
+        return cfg.tie_word_embeddings
+
+    def embedding_multiplier(self, cfg: ModelConfig) -> float | None:
+        return None
+
+    def logits_divisor(self, cfg: ModelConfig) -> float | None:
+        return None
+
+    def final_logit_softcap(self, cfg: ModelConfig) -> float | None:
+        return None
 
     # -------------------------------------------------------------------------------------------
     def __init__(
@@ -175,30 +106,24 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         windows = self.sliding_windows(cfg)
-        layers = [
-            DecoderLayer(
-                DecoderAttention(
-                    cfg,
-                    self.qkv_bias(cfg),
-                    self.o_bias(cfg),
-                    self.qk_norm(cfg),
-                    windows[i],
-                    dtype,
-                    device,
-                ),
-                GatedMLP(cfg, self.mlp_bias(cfg), dtype, device),
-                cfg,
-                dtype,
-                device,
-            )
-            for i in range(cfg.num_layers)
-        ]
-        self.model = DecoderModel(layers, cfg, dtype, device)
+        layer_spec = self.layer_spec(cfg)
+        layers = []
+        for i in range(cfg.num_layers):
+            spec = self.attention_spec(cfg, i, windows[i])
+            attn = DecoderAttention(cfg, spec, self.attention_backend(spec), layer_spec.norm,
+                                    dtype, device)
+            layers.append(DecoderLayer(attn, self.make_mlp(cfg, i, dtype, device), cfg, dtype,
+                                       device, layer_spec))
+        rotaries = self.rotary_embeddings(cfg, dtype, device)
+        self.model = DecoderModel(layers, rotaries, cfg, layer_spec.norm, dtype, device)
         # Tied: the output layer *is* the embedding tensor (no lm_head parameter, no copy).
-        tied = cfg.tie_word_embeddings
+        tied = self.tie_word_embeddings(cfg)
         self.lm_head = (
             None if tied else Linear(cfg.hidden_size, (cfg.vocab_size,), False, dtype, device)
         )
+        self.embed_multiplier = self.embedding_multiplier(cfg)
+        self.logits_div = self.logits_divisor(cfg)
+        self.logit_softcap = self.final_logit_softcap(cfg)
 
     num_layers = property(lambda self: self.config.num_layers)
     num_kv_heads = property(lambda self: self.config.num_kv_heads)
@@ -210,7 +135,8 @@ class LlamaForCausalLM(nn.Module):
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
-        self._numpy_decoder = NumpyDecoder(self) if NumpyDecoder.supports(self) else None
+        fits = self.numpy_decode_equivalent and NumpyDecoder.supports(self)
+        self._numpy_decoder = NumpyDecoder(self) if fits else None
 
     @property
     def ignored_checkpoint_suffixes(self) -> tuple[str, ...]:
@@ -235,15 +161,23 @@ class LlamaForCausalLM(nn.Module):
                 )
                 return torch.from_numpy(hidden)
         hidden = self.model.embed_tokens(input_ids)
-        cos_sin = self.model.rotary.cos_sin(positions)
+        if self.embed_multiplier is not None:  # Granite's multiplier, Gemma's sqrt(hidden)
+            hidden = hidden * self.embed_multiplier
+        cos_sins = self.model.cos_sins(positions)
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos_sin, kv_cache[index], attn_metadata)
+            hidden = layer(hidden, cos_sins[layer.self_attn.rope_slot], kv_cache[index],
+                           attn_metadata)
         return self.model.norm(hidden)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight).float()
+        logits = linear(hidden, weight)
+        if self.logits_div is not None:  # Granite's logits_scaling
+            logits = logits / self.logits_div
+        if self.logit_softcap is not None:  # Gemma: cap * tanh(logits / cap), as transformers
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits.float()
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -14,5 +14,5 @@ class Qwen3ForCausalLM(Qwen2ForCausalLM):
     def o_bias(self, cfg: ModelConfig) -> bool:
         return cfg.attention_bias
 
-    def qk_norm(self, cfg: ModelConfig) -> bool:
-        return True
+    def qk_norm(self, cfg: ModelConfig) -> str | None:
+        return "head"

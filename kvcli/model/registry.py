@@ -13,6 +13,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("kvcli.model.llama", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("kvcli.model.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("kvcli.model.qwen3", "Qwen3ForCausalLM"),
+    "GraniteForCausalLM": ("kvcli.model.granite", "GraniteForCausalLM"),
 }
 
 

@@ -1,0 +1,192 @@
+"""The decoder-layer skeleton every family shares: attention, gated MLP, layer, model body.
+
+A family changes what differs through :class:`AttentionSpec` / :class:`LayerSpec` (built by the
+hooks of :class:`kvcli.model.llama.LlamaForCausalLM`), never by copying these classes. Module
+names mirror transformers' so the loader maps checkpoint names one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvcli.model import native
+from kvcli.model.attention import Attention, AttentionMetadata, TorchSDPAAttention
+from kvcli.model.config import ModelConfig
+from kvcli.model.layers import Embedding, Linear, RMSNorm, apply_rotary, gated_activation
+
+Device = torch.device | str
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True, frozen=True)
+class AttentionSpec:
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: str | None  # None, "head" (one norm per q/k head: Qwen3, Gemma 3) or "full" (OLMo 2)
+    sliding_window: int | None
+    scale: float
+    softcap: float | None = None  # Gemma 2's attention-logit soft-capping
+    rotary_dim: int = 0  # 0: the whole head; fewer (Phi-3's partial rotary): the first dims only
+    fused_checkpoint: bool = False  # q/k/v stored as one qkv_proj tensor (Phi-3)
+    rope_slot: int = 0  # which of the model's rotary tables this layer uses (Gemma 3 local/global)
+
+
+#: Where a layer's norms sit, and their checkpoint names: (attn in, attn out, mlp in, mlp out).
+NORM_LAYOUTS: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),  # Llama
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2
+    "sandwich": ("input_layernorm", "post_attention_layernorm",  # Gemma 2 / 3
+                 "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class LayerSpec:
+    norm_layout: str = "pre"
+    norm: type[RMSNorm] = RMSNorm
+    residual_multiplier: float | None = None  # Granite scales each branch before adding it
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first ``cos.shape[-1]`` dims of each head, the rest passed through (partial
+    rotary, as transformers' Phi-3 ``apply_rotary_pos_emb``)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return apply_rotary(x, cos, sin)
+    return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
+class DecoderAttention(nn.Module):
+    """Fused QKV projection, optional q/k RMSNorm, RoPE, paged attention, output projection."""
+
+    def __init__(self, cfg: ModelConfig, spec: AttentionSpec, attn: Attention | None,
+                 norm: type[RMSNorm], dtype: torch.dtype, device: Device) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = (q_size, kv_size, kv_size)
+        shards = (sum(self.split_sizes),) if spec.fused_checkpoint else self.split_sizes
+        self.qkv_proj = Linear(cfg.hidden_size, shards, spec.qkv_bias, dtype, device)
+        self.o_proj = Linear(q_size, (cfg.hidden_size,), spec.o_bias, dtype, device)
+        self.qk_norm = spec.qk_norm
+        q_dim, k_dim = (q_size, kv_size) if spec.qk_norm == "full" else (self.head_dim,) * 2
+        self.q_norm = norm(q_dim, cfg.rms_norm_eps, dtype, device) if spec.qk_norm else None
+        self.k_norm = norm(k_dim, cfg.rms_norm_eps, dtype, device) if spec.qk_norm else None
+        self.rope_slot = spec.rope_slot
+        # The native RoPE rotates whole heads of un-normed q/k in place: the fast path.
+        self.in_place_rope = spec.qk_norm is None and spec.rotary_dim in (0, self.head_dim)
+        self.attn: Attention = attn or TorchSDPAAttention(spec.scale, spec.sliding_window)
+
+    def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size, _ = self.split_sizes
+        v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
+        if not self.in_place_rope:
+            q, k = qkv[:, :q_size], qkv[:, q_size : q_size + kv_size]
+            if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "full":
+                q, k = self.q_norm(q), self.k_norm(k)  # over the whole projection (OLMo 2)
+            q = q.reshape(tokens, self.num_heads, self.head_dim)
+            k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
+        else:  # RoPE on q and k heads together: half the element-wise ops per layer
+            heads = self.num_heads + self.num_kv_heads
+            qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
+            lib = native.for_tensor(qkv)
+            if lib is not None:  # in place in the projection's output (qk is a view of it)
+                cos, sin = cos_sin
+                native.rope_(lib, qkv, cos.squeeze(1), sin.squeeze(1), heads, self.head_dim)
+            else:
+                qk = apply_rotary(qk, *cos_sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        out = self.attn.forward(q, k, v, kv_layer, meta)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, cfg: ModelConfig, bias: bool, activation: str, dtype: torch.dtype,
+                 device: Device, intermediate_size: int | None = None,
+                 fused_checkpoint: bool = False) -> None:
+        super().__init__()
+        size = intermediate_size or cfg.intermediate_size
+        shards = (2 * size,) if fused_checkpoint else (size, size)  # Phi-3 stores gate_up fused
+        self.gate_up_proj = Linear(cfg.hidden_size, shards, bias, dtype, device)
+        self.down_proj = Linear(size, (cfg.hidden_size,), bias, dtype, device)
+        self.act_and_mul = gated_activation(activation, cfg.path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        self_attn: DecoderAttention,
+        mlp: nn.Module,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        device: Device,
+        spec: LayerSpec = LayerSpec(),  # noqa: B008 - frozen, shared safely
+    ) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        norms: list[RMSNorm | None] = []
+        for name in NORM_LAYOUTS[spec.norm_layout]:
+            norm = None if name is None else spec.norm(cfg.hidden_size, cfg.rms_norm_eps, dtype,
+                                                       device)
+            if name is not None:
+                setattr(self, name, norm)  # registered under its checkpoint name
+            norms.append(norm)
+        self.attn_in, self.attn_out, self.mlp_in, self.mlp_out = norms
+        self.pre_norm_only = spec.norm_layout == "pre" and spec.residual_multiplier is None
+        self.multiplier = spec.residual_multiplier
+
+    def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        if self.pre_norm_only:  # Llama and its relatives: the fewest ops
+            # Same order of additions as transformers, so float32 results agree to rounding.
+            hidden = hidden + self.self_attn(self.attn_in(hidden), cos_sin, kv_layer, meta)
+            return hidden + self.mlp(self.mlp_in(hidden))
+        hidden = self._branch(hidden, self.self_attn(self._norm(self.attn_in, hidden), cos_sin,
+                                                     kv_layer, meta), self.attn_out)
+        return self._branch(hidden, self.mlp(self._norm(self.mlp_in, hidden)), self.mlp_out)
+
+    @staticmethod
+    def _norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+        return x if norm is None else norm(x)
+
+    def _branch(self, residual: torch.Tensor, out: torch.Tensor, norm: RMSNorm | None
+                ) -> torch.Tensor:
+        out = self._norm(norm, out)
+        return residual + (out if self.multiplier is None else out * self.multiplier)
+
+
+class DecoderModel(nn.Module):
+    """transformers' ``model.*`` submodule: embeddings, layers, final norm, rotary tables."""
+
+    def __init__(self, layers: list[DecoderLayer], rotaries: list[nn.Module], cfg: ModelConfig,
+                 norm: type[RMSNorm], dtype: torch.dtype, device: Device) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.rotary = rotaries[0]
+        # Further tables (Gemma 3's local layers) hold only non-persistent buffers.
+        self.extra_rotaries = nn.ModuleList(rotaries[1:])
+
+    def cos_sins(self, positions: torch.Tensor) -> list[CosSin]:
+        """Looked up once per forward for all layers."""
+        return [self.rotary.cos_sin(positions), *(r.cos_sin(positions) for r in self.extra_rotaries)]
