@@ -83,7 +83,7 @@ def test_greedy_equals_transformers(family, setting, monkeypatch):
         assert stats["preemptions"] > 0
 
 
-ARCHITECTURES = {"granite": "GraniteForCausalLM"}
+ARCHITECTURES = {"granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 
 
 def test_registered_and_listed(tiny_models):

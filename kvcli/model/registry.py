@@ -14,6 +14,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("kvcli.model.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("kvcli.model.qwen3", "Qwen3ForCausalLM"),
     "GraniteForCausalLM": ("kvcli.model.granite", "GraniteForCausalLM"),
+    "Olmo2ForCausalLM": ("kvcli.model.olmo2", "Olmo2ForCausalLM"),
 }
 
 
