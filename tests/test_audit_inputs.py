@@ -114,7 +114,7 @@ def test_malformed_lines_are_named_and_the_rest_is_audited(tmp_path: Path) -> No
         f"{path}:4: messages[0].content: expected a string, an array of content parts or null, got number",
         f"{path}:5: messages[1].tool_calls[0].function.arguments: expected a JSON string, got number",
         f"{path}:6: custom_id: expected a string, got number",
-        f"{path}:7: no 'prompt', 'messages' or 'input' field",
+        f"{path}:7: prompt: expected exactly one of prompt, messages, prompt_token_ids or input, got none",
     ]
     assert f"kvcli audit: {path}:3: messages: expected" in result.stderr
     strict = run([str(path), "--strict"])

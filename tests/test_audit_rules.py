@@ -105,7 +105,10 @@ def test_tools_added_reordered_and_edited_in_a_session(tmp_path: Path) -> None:
     found = only(doc, "dynamic-tools")
     assert [(f["prompt"], f["severity"]) for f in found] == [(1, "error"), (2, "error"), (3, "error")]
     assert "'get_invoice' added" in found[0]["message"]
-    assert "reordered" in found[1]["message"] and found[1]["char"] == 0
+    # The char is where the two prompts really part (inside the first tool's name), and the
+    # message says the same char (issue 16, bug 12: it said char 0 while they shared 61 chars).
+    assert "reordered" in found[1]["message"] and found[1]["char"] == 61
+    assert "from char 61 on" in found[1]["message"]
     assert "'search_docs' edited (description)" in found[2]["message"]
     assert found[0]["char"] > 0 and found[0]["segment"] == "tools[2] get_invoice"
 

@@ -78,10 +78,13 @@ def test_custom_id_on_plain_line_is_echoed() -> None:
 def test_messages_and_tools() -> None:
     msgs = [{"role": "system", "content": "S"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "t"}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
             {"role": "tool", "content": "r", "tool_call_id": "t"}]
     req = ok({"messages": msgs, "tools": [{"type": "function"}]})
-    assert req.prompt.messages[1]["content"] == "a\nb"
+    chat = req.prompt.chat()  # what the chat template sees
+    assert chat[1]["content"] == "a\nb" and chat[2]["content"] == ""  # null -> "" (templates read it)
+    assert chat[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
     assert req.prompt.messages[3]["tool_call_id"] == "t" and req.prompt.tools == [{"type": "function"}]
 
 
@@ -224,10 +227,26 @@ def test_openai_bad_lines(line: dict, field: str, code: str) -> None:
 
 
 def test_openai_unknown_fields() -> None:
-    req = ok(chat_line({"messages": MSGS, "response_format": {}}, extra=1))
-    assert req.ignored_fields == ["extra", "body.response_format"]
-    fails(chat_line({"messages": MSGS, "response_format": {}}), "body.response_format",
+    req = ok(chat_line({"messages": MSGS, "frobnicate": {}}, extra=1))
+    assert req.ignored_fields == ["extra", "body.frobnicate"]
+    fails(chat_line({"messages": MSGS, "frobnicate": {}}), "body.frobnicate",
           opts=ParseOptions(strict=True))
+
+
+@pytest.mark.parametrize("line, field", [
+    (chat_line({"messages": MSGS, "response_format": {"type": "json_object"}}), "body.response_format"),
+    (chat_line({"messages": MSGS, "response_format": {}}), "body.response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format"),
+])
+def test_response_format_it_cannot_honour_is_that_lines_error(line: dict, field: str) -> None:
+    """Never a silent 200 with unconstrained text (issue 16, bug 5)."""
+    assert "not supported" in fails(line, field).describe
+
+
+def test_response_format_text_is_honoured() -> None:
+    ok(chat_line({"messages": MSGS, "response_format": {"type": "text"}}))
+    ok({"prompt": "x", "response_format": {"type": "text"}})
 
 
 def test_openai_line_without_custom_id_uses_line_number() -> None:

@@ -35,6 +35,7 @@ from kvcli.audit.template import render_with_template
 from kvcli.audit.textstore import TextStore
 from kvcli.audit.tokenize_worker import TokenizeWorker
 from kvcli.audit.tokenizers import AuditTokenizer, TiktokenTokenizer
+from kvcli.inputs import LineError
 
 Tokens = tuple[bytes, list[int]]  # token ids as uint32 bytes, and each segment's end (per-segment mode)
 
@@ -85,6 +86,7 @@ class Auditor:
         self._printer = ToolPrinter()
         self._own_rendering = isinstance(tokenizer, TiktokenTokenizer)
         self._rendered = 0  # prompts rendered so far: the next prompt's index
+        self.tools_ignored: list[str] = []  # requests whose tools the model's template dropped
 
     # ---- public --------------------------------------------------------------
     def run(
@@ -138,9 +140,12 @@ class Auditor:
         rendered: list[RenderedPrompt] = []
         for request in requests:
             try:
-                rendered.append(self._render(self._rendered, request))
+                prompt = self._render(self._rendered, request)
+                rendered.append(prompt)
                 self._rendered += 1
-            except FieldError as err:
+                if prompt.tools_ignored:
+                    self.tools_ignored.append(request.source)
+            except (FieldError, LineError) as err:
                 on_problem(InputProblem(request.source, str(err)))
         return rendered
 
@@ -166,11 +171,12 @@ class Auditor:
                 return out
 
             return per_segment
-        groups = [([i for i, p in enumerate(prompts) if p.add_special_tokens == flag], flag) for flag in (False, True)]
+        groups = [([i for i, p in enumerate(prompts) if p.add_special_tokens == flag and p.token_ids is None], flag)
+                  for flag in (False, True)]
         futures = [(group, worker.submit([prompts[i].text for i in group], flag)) for group, flag in groups if group]
 
         def whole() -> list[Tokens]:
-            result: list[Tokens] = [(b"", [])] * len(prompts)
+            result: list[Tokens] = [(array("I", p.token_ids or []).tobytes(), []) for p in prompts]
             for group, future in futures:
                 for i, raw in zip(group, future.result(), strict=True):
                     result[i] = (raw, [])

@@ -167,11 +167,24 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
             results.append(result)
         findings.extend(result.findings)
     findings += auditor.finish()
+    if auditor.tools_ignored:
+        first = auditor.tools_ignored[0]
+        click.echo(f"kvcli audit: warning: the model's chat template ignores `tools`; they are not "
+                   f"in the prompt of {len(auditor.tools_ignored)} request(s) (first: {first})",
+                   err=True)
     if auditor.summary.prompts < (2 if opts.diff else 1):
-        _error("no prompts to audit" + (" (every record was malformed)" if problems else ""))
+        _error("no prompts to audit" + _why_none(problems))
         return EXIT_USAGE
     _report(opts, auditor, tokenizer.name, results, findings, problems, out)
     return _exit_status(findings, opts.fail_on)
+
+
+def _why_none(problems: list[InputProblem]) -> str:
+    if not problems:
+        return ""
+    if all(p.empty for p in problems):
+        return " (the input is empty)"
+    return " (every record was malformed)"
 
 
 def _report(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvcli.inputs import PartText, Prompt
+
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 
@@ -19,6 +21,7 @@ class InputProblem:
 
     where: str
     message: str
+    empty: bool = False  # an input with no requests at all (not a malformed one)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
@@ -38,10 +41,17 @@ class PromptRequest:
     model: str | None = None
     cache_salt: str | None = None
     session: str | None = None
+    token_ids: list[int] | None = None  # prompt_token_ids: hashed as given (needs --model)
+    prompt: Prompt | None = None  # the shared request model's prompt (None: a text file)
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+    def template_messages(self, part_text: PartText) -> list[dict[str, Any]]:
+        """What the model's chat template renders: the content cleaned as generate cleans it."""
+        prompt = self.prompt or Prompt(messages=self.messages, system=self.system)
+        return prompt.chat(part_text)
 
 
 SegmentKind = Literal["tools", "schema", "system", "message", "generation", "text"]
@@ -68,6 +78,11 @@ class RenderedPrompt:
     segments: list[Segment]
     add_special_tokens: bool = False
     messages: list[tuple[str, int, int]] = field(default_factory=list)  # (role, start, end) per message
+    token_ids: list[int] | None = None  # given ids (prompt_token_ids): not tokenized again
+    # A key per message when its span cannot hold all of it (a model's template wraps messages
+    # in text of its own): the message as the template saw it. None: hash the span's text.
+    message_keys: list[int] | None = None
+    tools_ignored: bool = False  # the model's template renders the same prompt without the tools
 
     def segment_at(self, char: int) -> Segment | None:
         for seg in self.segments:

@@ -251,6 +251,9 @@ def scrub_surrogates(text: str) -> str:
 
 def render_request(index: int, request: PromptRequest) -> RenderedPrompt:
     """Raises FieldError when a part cannot be rendered."""
+    if request.token_ids is not None:
+        raise FieldError("prompt_token_ids: token ids are the model's own; give --model to audit "
+                         "them (they are hashed as given)")
     if not request.is_chat:
         text = scrub_surrogates(request.text or "")
         return RenderedPrompt(index, request, text, [Segment("prompt", "text", 0, len(text))], True)

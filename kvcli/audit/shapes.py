@@ -103,7 +103,7 @@ def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | N
     if not request.is_chat:
         return None
     shape = RequestShape(rendered.index, request.id, request.session, request.model)
-    tools = request.tools or []
+    tools = [] if rendered.tools_ignored else request.tools or []  # what never reaches the cache
     if tools:
         spans = [(s.start, s.end) for s in rendered.segments if s.kind == "tools"]
         if len(spans) != len(tools):  # a model's template renders all tools in one header
@@ -111,7 +111,9 @@ def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | N
         for (name, raw, whole, fields), (start, end) in zip(printer(tools), spans, strict=True):
             shape.tools.append(ToolPrint(name, raw, whole, fields, start, end))
     text = rendered.text
-    shape.messages = [MessagePrint(role, hash(text[start:end]), start, end) for role, start, end in rendered.messages]
+    keys = rendered.message_keys or [hash(text[start:end]) for _, start, end in rendered.messages]
+    shape.messages = [MessagePrint(role, key, start, end)
+                      for (role, start, end), key in zip(rendered.messages, keys, strict=True)]
     return shape
 
 

@@ -108,7 +108,7 @@ def iter_jsonl(lines: Iterable[bytes | _LongLine], name: str) -> Iterator[Item]:
         value = parse_json(text, where)
         yield value if isinstance(value, InputProblem) else RawRecord(where, value)
     if not seen:
-        yield InputProblem(name, "empty input: no requests")
+        yield InputProblem(name, "empty input: no requests", empty=True)
 
 
 def iter_json_document(data: bytes, name: str) -> Iterator[Item]:
@@ -121,7 +121,7 @@ def iter_json_document(data: bytes, name: str) -> Iterator[Item]:
         yield text
         return
     if not text.strip():
-        yield InputProblem(name, "empty input: no requests")
+        yield InputProblem(name, "empty input: no requests", empty=True)
         return
     value = parse_json(text, name)
     if isinstance(value, InputProblem):
@@ -133,7 +133,7 @@ def iter_json_document(data: bytes, name: str) -> Iterator[Item]:
         return
     if isinstance(value, list):
         if not value:
-            yield InputProblem(name, "empty JSON array: no requests")
+            yield InputProblem(name, "empty JSON array: no requests", empty=True)
         for i, item in enumerate(value):
             yield RawRecord(f"{name}[{i}]", item)
         return
@@ -145,7 +145,7 @@ def iter_text(data: bytes, name: str) -> Iterator[Item]:
     if isinstance(text, InputProblem):
         yield text
     elif not text:
-        yield InputProblem(name, "empty file: no prompt")
+        yield InputProblem(name, "empty file: no prompt", empty=True)
     else:
         yield RawRecord(name, text, is_text=True)
 

@@ -11,55 +11,70 @@ from __future__ import annotations
 from typing import Any
 
 from kvcli.audit.records import FieldError, PromptRequest, RenderedPrompt, Segment
-from kvcli.audit.render import render_part, scrub_surrogates
+from kvcli.audit.render import compact_key, render_part, scrub_surrogates
 from kvcli.audit.tokenizers import AuditTokenizer
+from kvcli.inputs import LineError
 
 
-def _probe(message: dict[str, Any]) -> str:
-    """A piece of the message's text to look for in the rendered prompt."""
+def _content(message: dict[str, Any]) -> str:
     content = message.get("content")
-    if isinstance(content, list):
-        content = next((render_part(p, "probe") for p in content if render_part(p, "probe")), "")
-    return content[:200] if isinstance(content, str) else ""
+    return content if isinstance(content, str) else ""
 
 
-def _locate(text: str, messages: list[dict[str, Any]], has_tools: bool) -> list[Segment]:
-    starts: list[int] = []
+def _locate(text: str, messages: list[dict[str, Any]], has_tools: bool) -> tuple[list[Segment], list[tuple[str, int, int]]]:
+    """Segments tiling the text, and each message's own span: from its content's start to its
+    end, so a message reads the same whether it is the last one (followed by the generation
+    prompt) or not (followed by the next message's header)."""
+    spans: list[tuple[int, int]] = []
     cursor = 0
     for message in messages:
-        probe = _probe(message)
-        found = text.find(probe, cursor) if probe else -1
+        content = _content(message)
+        found = text.find(content, cursor) if content else -1
         start = found if found >= 0 else cursor
-        starts.append(start)
-        cursor = start + len(probe) if found >= 0 else cursor
+        cursor = start + len(content) if found >= 0 else cursor
+        spans.append((start, cursor))
     segments: list[Segment] = []
-    if starts and starts[0] > 0:
+    if spans and spans[0][0] > 0:
         kind = "tools" if has_tools else "system"
-        segments.append(Segment("template header", kind, 0, starts[0]))
+        segments.append(Segment("template header", kind, 0, spans[0][0]))
     for i, message in enumerate(messages):
-        end = starts[i + 1] if i + 1 < len(starts) else max(cursor, starts[i])
+        end = spans[i + 1][0] if i + 1 < len(spans) else max(cursor, spans[i][0])
         role = str(message["role"])
         kind = "system" if role in ("system", "developer") else "message"
-        segments.append(Segment(f"messages[{i}] {role}", kind, starts[i], end, role=role, message=i))
+        segments.append(Segment(f"messages[{i}] {role}", kind, spans[i][0], end, role=role, message=i))
     tail = segments[-1].end if segments else 0
     segments.append(Segment("generation prompt", "generation", tail, len(text)))
-    return segments
+    roles = [(str(m["role"]), start, end) for m, (start, end) in zip(messages, spans, strict=True)]
+    return segments, roles
+
+
+def _token_ids_prompt(index: int, request: PromptRequest, tokenizer: AuditTokenizer) -> RenderedPrompt:
+    """Token ids are hashed as given, as generate feeds them; the text is only for excerpts."""
+    ids = request.token_ids or []
+    text = scrub_surrogates(tokenizer.decode(ids))
+    return RenderedPrompt(index, request, text, [Segment("prompt", "text", 0, len(text))], False,
+                          token_ids=list(ids))
 
 
 def render_with_template(index: int, request: PromptRequest, tokenizer: AuditTokenizer) -> RenderedPrompt:
+    if request.token_ids is not None:
+        return _token_ids_prompt(index, request, tokenizer)
     if not request.is_chat:
         text = scrub_surrogates(request.text or "")
         return RenderedPrompt(index, request, text, [Segment("prompt", "text", 0, len(text))], True)
-    messages = list(request.messages or [])
-    if request.system is not None:  # an Anthropic top-level system becomes the first message
-        messages.insert(0, {"role": "system", "content": request.system})
+    # An Anthropic top-level system becomes the first message; content as generate cleans it.
     try:
+        messages = request.template_messages(render_part)
         text = tokenizer.render_chat(messages, request.tools)
+        ignored = bool(request.tools) and text == tokenizer.render_chat(messages, None)
+    except LineError:
+        raise
     except Exception as err:  # jinja raises many types, including raise_exception() from templates
         raise FieldError(f"chat template: {type(err).__name__}: {err}") from err
     if text is None:
         raise FieldError("chat template: the tokenizer has no chat template")
     text = scrub_surrogates(text)
-    segments = _locate(text, messages, bool(request.tools))
-    spans = [(s.role or "?", s.start, s.end) for s in segments if s.message is not None]
-    return RenderedPrompt(index, request, text, segments, False, spans)
+    segments, spans = _locate(text, messages, bool(request.tools) and not ignored)
+    keys = [hash(compact_key(m) or repr(m)) for m in messages]
+    return RenderedPrompt(index, request, text, segments, False, spans, message_keys=keys,
+                          tools_ignored=ignored)

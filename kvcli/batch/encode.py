@@ -2,12 +2,16 @@
 
 Chat messages are rendered with the model's chat template (with ``tools`` when
 given, and the generation prompt) and encoded without adding special tokens
-again; plain text is encoded with them (BOS), as ``transformers`` does.
+again; plain text is encoded with them (BOS), as ``transformers`` does. The
+messages a template sees come from the shared request model (``Prompt.chat``),
+the same the audit renders. A template that ignores ``tools`` (the prompt is
+the same without them) is counted, so the run can say so instead of silently
+dropping them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.batch.records import LineError, PromptSpec, clip
@@ -18,8 +22,9 @@ class PromptEncoder:
     tokenizer: Any  # kvcli.tokenizer.Tokenizer (encode, apply_chat_template)
     max_model_len: int
     vocab_size: int
+    tools_ignored: list[int] = field(default_factory=list)  # lines whose tools the template dropped
 
-    def encode(self, spec: PromptSpec) -> list[int]:
+    def encode(self, spec: PromptSpec, line_no: int = 0) -> list[int]:
         if spec.token_ids is not None:
             ids = spec.token_ids
             bad = next((i for i, t in enumerate(ids) if t >= self.vocab_size), None)
@@ -27,7 +32,7 @@ class PromptEncoder:
                 raise LineError(f"{spec.source}[{bad}]", f"token id {ids[bad]} is outside the "
                                 f"model's vocabulary [0, {self.vocab_size})")
         elif spec.messages is not None:
-            ids = self.tokenizer.encode(self._render_chat(spec), add_special_tokens=False)
+            ids = self.tokenizer.encode(self._render_chat(spec, line_no), add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(spec.text, add_special_tokens=True)
         if not ids:
@@ -38,10 +43,16 @@ class PromptEncoder:
                             "context_length_exceeded")
         return list(ids)
 
-    def _render_chat(self, spec: PromptSpec) -> str:
+    def _render_chat(self, spec: PromptSpec, line_no: int) -> str:
+        messages = spec.chat()
+        text = self._template(spec, messages, spec.tools)
+        if spec.tools and text == self._template(spec, messages, None):
+            self.tools_ignored.append(line_no)
+        return text
+
+    def _template(self, spec: PromptSpec, messages: list[Any], tools: list[Any] | None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(spec.messages, tools=spec.tools,
-                                                      add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
         except Exception as err:  # a template (user data + jinja) failing is a per-line error
             raise LineError(spec.source, "the model's chat template failed: "
                             f"{clip(str(err) or type(err).__name__, 200)}") from None

@@ -1,39 +1,27 @@
 """One input line (bytes) -> a validated :class:`LineRequest`, or a :class:`FailedLine`; never raises.
 
-Accepted lines (one JSON object each):
-
-* plain: exactly one of ``prompt`` / ``messages`` (+ ``tools``) / ``prompt_token_ids``,
-  optional ``id`` or ``custom_id``, ``cache_salt`` and any SamplingParams field;
-* OpenAI Batch: ``{"custom_id", "method": "POST", "url", "body"}`` (see openai_input).
-
-Sampling fields override the CLI defaults. Unknown fields are reported (an error
-with ``--strict``). Everything but the tokenizer-dependent checks happens here.
+The line is read by the shared request model (:func:`kvcli.inputs.parse_request`,
+the same code the audit uses); here its sampling fields meet the CLI defaults and
+the fields generate cannot honour become that line's error. Unknown fields are
+reported (an error with ``--strict``). Everything but the tokenizer-dependent
+checks happens here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from kvcli.batch.fields import (
-    SAMPLING_FIELDS,
-    build_params,
-    get_str,
-    present,
-    sampling_overrides,
-    unknown_fields,
-)
-from kvcli.batch.openai_input import is_openai_line, openai_style, parse_openai
-from kvcli.batch.prompts import prompt_spec
+from kvcli.batch.fields import build_params
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
 from kvcli.engine.request import SamplingParams
+from kvcli.inputs import Format, InputRequest, parse_request, type_name
+from kvcli.inputs.fields import line_id
 
-PLAIN_FIELDS = ("prompt", "messages", "prompt_token_ids", "tools", "id", "custom_id", "cache_salt",
-                *SAMPLING_FIELDS)
+_STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION}
 
 
 @dataclass(slots=True)
@@ -49,20 +37,13 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
     style: Style | None = None
     try:
         obj = _decode(raw, opts.max_line_bytes)
-        if is_openai_line(obj):
-            style = Style.CHAT  # an OpenAI-shaped error result even if the url is bad
-            ident = _line_id(obj, raw.line_no, ("custom_id",))
-            style = openai_style(obj)
-            req = parse_openai(obj, style, opts.strict)
-            params = build_params(opts.defaults, req.overrides, ident.key, opts.seed, "body.")
-            return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored_fields)
-        style = Style.PLAIN
-        ident = _line_id(obj, raw.line_no, ("id", "custom_id"))
-        fields_ = present(obj)
-        ignored = unknown_fields(fields_, PLAIN_FIELDS, opts.strict)
-        prompt = prompt_spec(fields_)
-        params = build_params(opts.defaults, sampling_overrides(fields_), ident.key, opts.seed)
-        return LineRequest(ident, style, prompt, params, get_str(fields_, "cache_salt"), ignored)
+        style = _style_guess(obj)  # an OpenAI-shaped error result even if the url is bad
+        ident = _ident(obj, raw.line_no)
+        req = parse_request(obj, opts.strict)
+        style = _style(req)
+        _check_supported(req)
+        params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
+        return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored)
     except LineError as err:
         return FailedLine(ident, style, err)
 
@@ -76,26 +57,34 @@ def _decode(raw: RawLine, limit: int) -> dict[str, Any]:
     except orjson.JSONDecodeError as err:
         raise LineError(None, f"invalid JSON: {err}", "invalid_json") from None
     if not isinstance(obj, dict):
-        raise LineError(None, f"expected a JSON object, got {_json_type(obj)}", "invalid_json")
+        raise LineError(None, f"expected a JSON object, got {type_name(obj)}", "invalid_json")
     return obj
 
 
-def _line_id(obj: dict[str, Any], line_no: int, names: Iterable[str]) -> LineId:
-    given = {n: v for n in names if (v := get_str(obj, n)) is not None}
-    if not given:
-        return LineId.from_line_no(line_no)
-    if len(set(given.values())) > 1:
-        raise LineError("custom_id", "differs from id; give one of them")
-    # Prefer custom_id so that the result echoes the field the input used for joining.
-    name = "custom_id" if "custom_id" in given else next(iter(given))
-    return LineId(line_no, given[name], name)
+def _style_guess(obj: dict[str, Any]) -> Style:
+    openai_line = "body" in obj or "url" in obj or "method" in obj
+    return Style.COMPLETION if obj.get("url") == "/v1/completions" else (
+        Style.CHAT if openai_line else Style.PLAIN)
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if value is None:
-        return "null"
-    return "a boolean" if isinstance(value, bool) else "a number"
+def _ident(obj: dict[str, Any], line_no: int) -> LineId:
+    key, name = line_id(obj)
+    return LineId(line_no, key, name) if key is not None else LineId.from_line_no(line_no)
+
+
+def _style(req: InputRequest) -> Style:
+    if req.format is Format.OPENAI_RESPONSES:
+        raise LineError("url", "generate answers /v1/chat/completions and /v1/completions; "
+                        "give a Responses body as a plain line", code="invalid_url")
+    return _STYLES.get(req.format, Style.PLAIN)
+
+
+def _check_supported(req: InputRequest) -> None:
+    """Fields the shared model reads (the audit uses them) that generate cannot honour yet."""
+    if req.prompt.messages is not None:
+        req.prompt.chat()  # non-text content parts fail here, naming the part
+    fmt = req.response_format
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        name = "text.format" if req.format is Format.RESPONSES else "response_format"
+        raise LineError(req.prefix + name, "structured outputs are not supported yet; only "
+                        "{\"type\": \"text\"} can be honoured (the line would run unconstrained)")

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvcli.engine.request import SamplingParams
+from kvcli.inputs import LineError, clip
+from kvcli.inputs import Prompt as PromptSpec
+
+__all__ = ["FailedLine", "LineError", "LineId", "LineRequest", "PromptSpec", "RejectedRequest",
+           "Style", "clip"]
 
 
 class Style(enum.Enum):
@@ -20,20 +24,6 @@ class Style(enum.Enum):
     PLAIN = "plain"  # {"prompt"} / {"messages"} / {"prompt_token_ids"} -> plain result line
     CHAT = "chat"  # OpenAI Batch line for /v1/chat/completions
     COMPLETION = "completion"  # OpenAI Batch line for /v1/completions
-
-
-@dataclass(slots=True)
-class PromptSpec:
-    """Exactly one of ``text``, ``messages`` or ``token_ids`` is set.
-
-    ``source`` is the input field it came from, for errors found when encoding.
-    """
-
-    text: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    tools: list[Any] | None = None
-    token_ids: list[int] | None = None
-    source: str = "prompt"
 
 
 @dataclass(slots=True)
@@ -61,31 +51,6 @@ class LineRequest:
     params: SamplingParams
     cache_salt: str | None = None
     ignored_fields: list[str] = field(default_factory=list)  # unknown fields (not --strict)
-
-
-def clip(text: str, limit: int) -> str:
-    """Shorten ``text`` for a message: a bad value on a line may be megabytes long."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class LineError(Exception):
-    """A per-line problem: ``field`` names the offending input field (None: the whole line)."""
-
-    def __init__(self, field: str | None, message: str, code: str = "invalid_request") -> None:
-        message = clip(message, 300)
-        super().__init__(f"{field}: {message}" if field else message)
-        self.field = field
-        self.message = message
-        self.code = code
-
-    @classmethod
-    def from_value_error(cls, err: ValueError) -> LineError:
-        """Map the engine's ``ValueError("field: reason")`` convention onto a LineError."""
-        text = str(err)
-        name, sep, reason = text.partition(": ")
-        if sep and name and " " not in name:
-            return cls(name, reason)
-        return cls(None, text)
 
 
 @dataclass(slots=True)

@@ -10,9 +10,10 @@ unsorted-json's.
 from __future__ import annotations
 
 from kvcli.audit.excerpt import make_excerpt
-from kvcli.audit.records import Excerpt, Finding
+from kvcli.audit.records import Finding
 from kvcli.audit.rules.base import PromptView, Rule, prompt_name
-from kvcli.audit.shapes import RequestShape, ToolPrint
+from kvcli.audit.shapes import ToolPrint
+from kvcli.audit.tokenizers import common_prefix_length
 
 FIX = (
     "Send one fixed tool list, in a fixed order, for the whole session (ideally for every "
@@ -62,6 +63,11 @@ class DynamicTools(Rule):
         j = first_change(prev.tools, shape.tools)
         char = shape.tools[j].start if j < len(shape.tools) else (shape.tools[-1].end if shape.tools else 0)
         span_end = shape.tools[-1].end if shape.tools else char + 1
+        old_char = prev.tools[j].start if j < len(prev.tools) else (prev.tools[-1].end if prev.tools else 0)
+        old_text = self.ctx.text_of(prev.index)
+        same = common_prefix_length(view.text, old_text)
+        if char <= same < span_end and old_char == char:  # where the two prompts really part
+            char = old_char = same
         if view.has_finding_at(char, span_end):
             return []  # already explained (e.g. a timestamp in a tool description)
         scope = f"session '{shape.session}'" if shape.session is not None else "the previous request"
@@ -70,8 +76,4 @@ class DynamicTools(Rule):
             f"tools differ from {prompt_name(self.ctx, prev.index)} ({scope}): {'; '.join(changes)}. "
             f"Tools come first, so everything from char {char} on (~{stake} tokens) misses the cache"
         )
-        return [view.finding(self.id, "error", char, message, FIX, against=prev.index, stake=stake, excerpt=self._excerpt(view, prev, j, char))]
-
-    def _excerpt(self, view: PromptView, prev: RequestShape, j: int, char: int) -> Excerpt:
-        old_char = prev.tools[j].start if j < len(prev.tools) else (prev.tools[-1].end if prev.tools else 0)
-        return make_excerpt(view.text, char, self.ctx.text_of(prev.index), old_char, prev.index)
+        return [view.finding(self.id, "error", char, message, FIX, against=prev.index, stake=stake, excerpt=make_excerpt(view.text, char, old_text, old_char, prev.index))]

@@ -1,17 +1,16 @@
 """OpenAI Responses API bodies ({"instructions", "input"}) as chat messages.
 
-The audit renders chat messages; a Responses body maps onto them one to one:
-instructions -> a system message, input items -> messages, function_call items
+Instructions -> a system message, input items -> messages, function_call items
 -> assistant tool calls, function_call_output -> tool messages. Content part
-types input_text/output_text become text parts; anything else is kept as a part
-(rendered as a fingerprint, so a change still shows).
+types input_text/output_text become text parts; anything else is kept as a
+part (the audit renders it as a fingerprint; generate refuses it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvcli.audit.records import FieldError
+from kvcli.inputs.errors import LineError, type_name
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -41,7 +40,8 @@ def _item_message(item: dict[str, Any]) -> dict[str, Any]:
         return {"role": "assistant", "content": None, "tool_calls": [call]}
     if kind == "function_call_output":
         return {"role": "tool", "tool_call_id": item.get("call_id"), "content": _parts(item.get("output"))}
-    return {"role": str(kind), "content": [item]}
+    # reasoning, web_search_call, ...: the model's own earlier output, kept as an opaque part
+    return {"role": "assistant", "content": [item]}
 
 
 def responses_to_messages(body: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -49,16 +49,16 @@ def responses_to_messages(body: dict[str, Any], prefix: str) -> list[dict[str, A
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise FieldError(f"{prefix}instructions: expected a string")
+            raise LineError(f"{prefix}instructions", f"expected a string, got {type_name(instructions)}")
         messages.append({"role": "system", "content": instructions})
     items = body["input"]
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
         return messages
     if not isinstance(items, list):
-        raise FieldError(f"{prefix}input: expected a string or an array of input items")
+        raise LineError(f"{prefix}input", "expected a string or an array of input items")
     for i, item in enumerate(items):
         if not isinstance(item, dict):
-            raise FieldError(f"{prefix}input[{i}]: expected an object")
+            raise LineError(f"{prefix}input[{i}]", "expected an object")
         messages.append(_item_message(item))
     return messages
