@@ -69,6 +69,7 @@ class LLMEngine:
         self.disk = self._open_disk_tier(kv, model_dir)
         self._reset_bookkeeping()
         self.sampler = Sampler(config.seed)
+        self.structured: Any = None  # kvcli.structured's StructuredDecoding, made on first use
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
 
     def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
@@ -132,6 +133,7 @@ class LLMEngine:
         if params.max_tokens is None:  # "until the context ends", as vLLM's server defaults it
             params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self._validate_prompt(request_id, prompt_token_ids, params)
+        grammar = self._grammar(params)
         children = []
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
@@ -140,10 +142,27 @@ class LLMEngine:
                           arrival_index=self._arrivals, parent_id=request_id)
             self._arrivals += 1
             children.append(req)
+            if grammar is not None:
+                self.structured.add(rid, grammar)
         self._groups[request_id] = children
         for req in children:
             self._requests[req.request_id] = req
             self.scheduler.add_request(req)
+
+    def _grammar(self, params: SamplingParams) -> Any:
+        """A constrained request's compiled grammar (once per distinct constraint per engine).
+
+        xgrammar is imported only when the first constrained request arrives.
+        """
+        if params.structured_outputs is None:
+            return None
+        if self.structured is None:
+            from kvcli.structured.decoding import StructuredDecoding
+
+            self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
+                                                 self.eos_token_ids)
+            self.sampler.logits_mask = self.structured.mask
+        return self.structured.compile(params.structured_outputs)
 
     def _validate_prompt(self, request_id: str, ids: list[int], params: SamplingParams) -> None:
         if request_id in self._groups:
@@ -193,7 +212,8 @@ class LLMEngine:
                 req.logprobs.append(result.logprobs[i])
             if req.first_token_time is None:
                 req.first_token_time = now
-            status = check_stop(req, self.max_model_len, self.tokenizer.decode)
+            status = (self._grammar_rejected(req)
+                      or check_stop(req, self.max_model_len, self.tokenizer.decode))
             if status is not None:
                 self.scheduler.finish(req, status)
                 done = self._on_finished(req)
@@ -201,6 +221,15 @@ class LLMEngine:
                     finished.append(done)
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return finished
+
+    def _grammar_rejected(self, req: Request) -> RequestStatus | None:
+        """Advance a constrained request's matcher; a token it rejects fails the request
+        (the mask makes that impossible unless sampling broke: never emit such an output)."""
+        if self.structured is None or self.structured.accept(req, req.output_token_ids[-1]):
+            return None
+        req.error = (f"structured_outputs: sampled token {req.output_token_ids[-1]} is not "
+                     "allowed by the grammar")
+        return RequestStatus.FINISHED_ERROR
 
     def _fail_unschedulable(self) -> list[RequestOutput]:
         """Nothing could run although requests wait: fail the head one instead of spinning.
@@ -238,6 +267,7 @@ class LLMEngine:
         result = RequestOutput(parent, list(first.prompt_token_ids), outs,
                                max(first.num_cached_tokens, 0),
                                sum(r.num_preemptions for r in group), ttft)
+        result.error = next((r.error for r in group if r.error), None)
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
             result.num_disk_cached_tokens = disk_hits
         self.metrics.on_finished(result)
@@ -246,6 +276,8 @@ class LLMEngine:
     def _forget(self, req: Request) -> None:
         self._requests.pop(req.request_id, None)
         self.sampler.forget(req.request_id)
+        if self.structured is not None:
+            self.structured.forget(req.request_id)
         self.kv_manager.disk_hit_tokens.pop(req.request_id, None)
 
     def stats(self) -> dict[str, Any]:

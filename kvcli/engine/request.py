@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvcli.hashing import DEFAULT_BLOCK_SIZE, BlockHash, BlockHasher
+from kvcli.structured.params import StructuredOutputsParams
 
 
 @dataclass(slots=True)
@@ -41,6 +42,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    # A grammar the output must follow (vLLM's name); a line's JSON object is checked into one.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError("field: reason")`` for the first invalid field."""
@@ -70,6 +73,14 @@ class SamplingParams:
         ):
             if problem:
                 raise ValueError(problem)
+        if self.structured_outputs is not None:
+            self._check_structured_outputs()
+
+    def _check_structured_outputs(self) -> None:
+        self.structured_outputs = StructuredOutputsParams.from_json(self.structured_outputs)
+        if self.ignore_eos:  # the grammar's end is the end-of-sequence token
+            raise ValueError("ignore_eos: cannot be combined with structured_outputs (a "
+                             "constrained output ends with its end-of-sequence token)")
 
     @property
     def greedy(self) -> bool:

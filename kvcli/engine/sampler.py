@@ -8,7 +8,9 @@ seed, never on what else is in the batch.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,8 @@ class Sampler:
     def __init__(self, base_seed: int = 0) -> None:
         self.base_seed = base_seed
         self._generators: dict[str, torch.Generator] = {}
+        # Set by the engine once a request has a grammar: masks those rows' logits in place.
+        self.logits_mask: Callable[[torch.Tensor, list[Request]], None] | None = None
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -46,6 +50,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SampleResult:
         logits = logits.float()
+        if self.logits_mask is not None:  # before penalties, filters and logprobs read them
+            self.logits_mask(logits, requests)
         if any(_has_penalties(r) for r in requests):
             logits = logits.clone()
             for i, req in enumerate(requests):
@@ -74,7 +80,8 @@ class Sampler:
         if k > 0:
             vals, ids = lp.topk(k)
             for v, t in zip(vals.tolist(), ids.tolist(), strict=True):
-                out.setdefault(t, v)
+                if v > -math.inf:  # a grammar-masked token is no alternative
+                    out.setdefault(t, v)
         return out
 
 

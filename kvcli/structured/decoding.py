@@ -1,0 +1,93 @@
+"""Grammar-constrained sampling inside the engine: one matcher per request, masks per step.
+
+The engine calls :meth:`StructuredDecoding.add` when it admits a constrained request
+(compiling its grammar once per run, shared by every request with the same constraint),
+the sampler calls :meth:`mask` on each step's logits before anything else reads them, and
+the engine calls :meth:`accept` with every token it appends. Only the rows of constrained
+requests are filled and masked: the other rows' logits are never written, so their outputs
+stay byte-identical to a run without structured outputs.
+
+A matcher's state is a function of the request's output tokens. The engine keeps those
+tokens through a preemption (it recomputes their K/V), and :meth:`mask` re-derives the
+state from them whenever the two disagree, so a recomputed request resumes exactly where
+its grammar was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvcli.engine.request import Request
+from kvcli.structured.grammars import GrammarCache
+from kvcli.structured.params import StructuredOutputsParams
+
+
+@dataclass(slots=True)
+class _Matcher:
+    matcher: Any  # xgrammar.GrammarMatcher
+    num_accepted: int = 0  # output tokens the matcher has consumed
+
+
+class StructuredDecoding:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+        self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids)
+        self.vocab_size = vocab_size
+        self._matchers: dict[str, _Matcher] = {}
+        self.mask_s = 0.0  # time spent filling and applying masks (profiling)
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The compiled grammar (``ValueError("field: reason")`` when it cannot be built)."""
+        return self.grammars.get(params)
+
+    def add(self, request_id: str, compiled: Any) -> None:
+        import xgrammar as xgr
+
+        self._matchers[request_id] = _Matcher(xgr.GrammarMatcher(compiled))
+
+    def forget(self, request_id: str) -> None:
+        self._matchers.pop(request_id, None)
+
+    def is_constrained(self, request_id: str) -> bool:
+        return request_id in self._matchers
+
+    def mask(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        """Disallowed tokens of constrained rows -> -inf, in place; other rows untouched."""
+        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
+        if not rows:
+            return
+        import time
+
+        import xgrammar as xgr
+
+        t0 = time.perf_counter()
+        bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        for i in rows:
+            self._synced(requests[i]).fill_next_token_bitmask(bitmask, i)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        self.mask_s += time.perf_counter() - t0
+
+    def accept(self, req: Request, token_id: int) -> bool:
+        """Advance ``req``'s matcher by its newest token; False if the grammar rejects it."""
+        state = self._matchers.get(req.request_id)
+        if state is None:
+            return True
+        self._synced(req, upto=len(req.output_token_ids) - 1)
+        ok = bool(state.matcher.accept_token(token_id))
+        state.num_accepted += ok
+        return ok
+
+    def _synced(self, req: Request, upto: int | None = None) -> Any:
+        """The matcher after exactly ``output_token_ids[:upto]`` (all of them by default)."""
+        state = self._matchers[req.request_id]
+        tokens = req.output_token_ids if upto is None else req.output_token_ids[:upto]
+        if state.num_accepted != len(tokens):
+            state.matcher.reset()
+            state.num_accepted = 0
+            for token in tokens:  # a preempted / recomputed request: replay its output
+                if not state.matcher.accept_token(token):
+                    break
+                state.num_accepted += 1
+        return state.matcher

@@ -1,0 +1,155 @@
+"""What a request constrains its output to, named as vLLM's offline API names it (torch-free).
+
+``SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))`` is vLLM's
+``vllm.sampling_params.StructuredOutputsParams``: exactly one of ``json`` (a JSON Schema,
+as an object or a JSON string), ``regex``, ``choice`` (a list of strings), ``grammar``
+(EBNF / GBNF) or ``json_object=True`` (any JSON object). A plain input line sets the same
+object under ``"structured_outputs"``; OpenAI bodies use ``response_format``
+(:func:`response_format_to_params`). Everything that can be checked without the
+tokenizer is checked here, with errors naming the input field
+(``ValueError("body.response_format.json_schema.schema.properties.age.type: ...")``);
+what only the grammar compiler knows (an unsupported schema feature, a bad regex) is an
+error of the same shape when the engine admits the request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kvcli.structured.schema_check import check_json_schema
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # The input field this came from (errors name it); "structured_outputs.<kind>" if unset.
+    source: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The one constraint that is set (``validate`` guarantees there is exactly one)."""
+        given = self._given()
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs: expected exactly one of {', '.join(KINDS)}, "
+                             f"got {' and '.join(given) or 'none'}")
+        return given[0]
+
+    @property
+    def path(self) -> str:
+        """The field errors about the constraint's value are reported under."""
+        return self.source or f"structured_outputs.{self.kind}"
+
+    @property
+    def key(self) -> str:
+        """Canonical text of the constraint: equal keys compile to the same grammar."""
+        kind = self.kind
+        value = getattr(self, kind)
+        return json.dumps([kind, value], sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
+
+    def _given(self) -> list[str]:
+        return [k for k in KINDS if getattr(self, k) not in (None, False)]
+
+    def validate(self) -> None:
+        """Raise ``ValueError("field.path: reason")`` unless exactly one valid constraint is set.
+
+        A schema given as a JSON string is parsed in place, so :attr:`key` is canonical.
+        """
+        kind = self.kind
+        value = getattr(self, kind)
+        if kind == "json":
+            if isinstance(value, str):
+                value = self.json = _parse_json_text(value, self.path)
+            check_json_schema(value, self.path)
+        elif kind == "json_object":
+            if value is not True:
+                raise ValueError(f"{self.path}: expected true or false, got {value!r}")
+        elif kind == "choice":
+            _check_choice(value, self.path)
+        elif not isinstance(value, str) or not value:
+            raise ValueError(f"{self.path}: expected a non-empty string, got {_show(value)}")
+
+    @classmethod
+    def from_json(cls, value: Any, prefix: str = "structured_outputs") -> StructuredOutputsParams:
+        """The object a line gives under ``structured_outputs`` (vLLM's field names), checked."""
+        if isinstance(value, StructuredOutputsParams):
+            value.validate()
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{prefix}: expected an object with one of {', '.join(KINDS)}, "
+                             f"got {_show(value)}")
+        unknown = [k for k in value if k not in KINDS]
+        if unknown:
+            raise ValueError(f"{prefix}.{unknown[0]}: not supported; kvcli takes one of "
+                             + ", ".join(KINDS))
+        given = [k for k in KINDS if value.get(k) not in (None, False)]
+        params = cls(**{k: value.get(k) for k in KINDS},
+                     source=f"{prefix}.{given[0]}" if len(given) == 1 else "")
+        if len(given) != 1:
+            raise ValueError(f"{prefix}: expected exactly one of {', '.join(KINDS)}, got "
+                             f"{' and '.join(given) or 'none'}")
+        params.validate()
+        return params
+
+
+def response_format_to_params(value: Any, prefix: str) -> StructuredOutputsParams | None:
+    """OpenAI's ``response_format`` -> the constraint it asks for (None for ``{"type": "text"}``).
+
+    ``json_schema.strict`` is accepted either way: kvcli always enforces the schema.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"{prefix}: expected an object with a \"type\", got {_show(value)}")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        params = StructuredOutputsParams(json_object=True, source=prefix)
+    elif kind == "json_schema":
+        params = _json_schema_params(value.get("json_schema"), f"{prefix}.json_schema")
+    else:
+        raise ValueError(f"{prefix}.type: expected \"text\", \"json_object\" or \"json_schema\", "
+                         f"got {_show(kind)}")
+    params.validate()
+    return params
+
+
+def _json_schema_params(spec: Any, path: str) -> StructuredOutputsParams:
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected an object with \"name\" and \"schema\", got "
+                         f"{_show(spec)}")
+    for name, types, expected in (("name", str, "a string"), ("strict", bool, "true or false"),
+                                  ("description", str, "a string")):
+        if spec.get(name) is not None and not isinstance(spec[name], types):
+            raise ValueError(f"{path}.{name}: expected {expected}, got {_show(spec[name])}")
+    schema = spec.get("schema")
+    if schema is None:  # OpenAI makes the schema optional: then any JSON object
+        return StructuredOutputsParams(json_object=True, source=path)
+    return StructuredOutputsParams(json=schema, source=f"{path}.schema")
+
+
+def _parse_json_text(text: str, path: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON: {err}") from None
+
+
+def _check_choice(value: Any, path: str) -> None:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{path}: expected a non-empty list of strings, got {_show(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"{path}[{i}]: expected a non-empty string, got {_show(item)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
