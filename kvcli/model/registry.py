@@ -15,6 +15,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("kvcli.model.qwen3", "Qwen3ForCausalLM"),
     "GraniteForCausalLM": ("kvcli.model.granite", "GraniteForCausalLM"),
     "Olmo2ForCausalLM": ("kvcli.model.olmo2", "Olmo2ForCausalLM"),
+    "Phi3ForCausalLM": ("kvcli.model.phi3", "Phi3ForCausalLM"),
 }
 
 
