@@ -104,3 +104,21 @@ def test_other_settings_never_hit(tiny_models, kvcli_home, tmp_path, prompts):
 def test_the_disk_cache_needs_prefix_caching(tiny_models, kvcli_home, tmp_path):
     with pytest.raises(ValueError, match="needs prefix caching"):
         LLM(str(tiny_models["llama"]), kv_cache_dir=str(tmp_path), enable_prefix_caching=False)
+
+
+def test_the_loaded_kv_is_what_attention_reads(tiny_models, kvcli_home, tmp_path, prompts):
+    """Not a recomputation in disguise: blocks rewritten with other (checksummed) K/V change
+    the outputs, so the run really attends what it loaded."""
+    from kvcli.kvstore.directory import iter_block_files
+    from kvcli.kvstore.format import HEADER_SIZE, BlockKey, encode_header
+
+    kv = tmp_path / "kv"
+    base, _ = run(tiny_models["llama"], prompts, GREEDY, kv_cache_dir=str(kv))
+    for f in iter_block_files(kv):
+        data = f.path.read_bytes()
+        payload = bytes(len(data) - HEADER_SIZE)  # zeros
+        key = BlockKey(bytes.fromhex(f.fingerprint), bytes.fromhex(f.path.name))
+        f.path.write_bytes(encode_header(key, payload) + payload)
+    poisoned, stats = run(tiny_models["llama"], prompts, GREEDY, kv_cache_dir=str(kv))
+    assert stats["disk_cache"]["hit_tokens"] > 0 and stats["disk_cache"]["corrupt_blocks"] == 0
+    assert texts(poisoned) != texts(base)

@@ -30,6 +30,13 @@ def dumps_line(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj, ensure_ascii=True).encode() + b"\n"
 
 
+def _disk_hits(out: RequestOutput) -> dict[str, int]:
+    """kvcli's split of cached_tokens: those loaded from --kv-cache-dir (absent when off)."""
+    if out.num_disk_cached_tokens is None:
+        return {}
+    return {"kvcli_disk_cached_tokens": out.num_disk_cached_tokens}
+
+
 def engine_failure(req: LineRequest, out: RequestOutput) -> FailedLine | None:
     """The request failed inside the engine (``error`` set or a choice finished with "error")."""
     if out.error is None and all(c.finish_reason != "error" for c in out.outputs):
@@ -87,7 +94,7 @@ class ResultFormatter:
             result["choices"] = choices
         result["usage"] = {"prompt_tokens": len(out.prompt_token_ids),
                            "completion_tokens": _completion_tokens(out),
-                           "cached_tokens": out.num_cached_tokens}
+                           "cached_tokens": out.num_cached_tokens, **_disk_hits(out)}
         if self.include_token_ids:
             result["prompt_token_ids"] = out.prompt_token_ids
         return result
@@ -113,7 +120,8 @@ class ResultFormatter:
             "usage": {"prompt_tokens": len(out.prompt_token_ids),
                       "completion_tokens": _completion_tokens(out),
                       "total_tokens": len(out.prompt_token_ids) + _completion_tokens(out),
-                      "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens}},
+                      "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens,
+                                                **_disk_hits(out)}},
         }
         if self.include_token_ids:
             body["prompt_token_ids"] = out.prompt_token_ids

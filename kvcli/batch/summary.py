@@ -49,7 +49,8 @@ ENGINE_KEYS = ("prefill_tokens_computed", "prefill_tokens_skipped", "decode_toke
                "steps", "forward_s", "num_blocks", "block_size", "peak_blocks_in_use",
                "peak_kv_utilization", "evicted_blocks", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
                # from a pool of engines (--ray): per-worker rows, and one engine's predicted hits
-               "workers", "single_engine_cached_tokens", "single_engine_hit_rate")
+               "workers", "single_engine_cached_tokens", "single_engine_hit_rate",
+               "disk_cache")  # --kv-cache-dir (kvcli/engine/kv_disk.py)
 
 
 def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
@@ -91,7 +92,19 @@ def format_summary(s: dict[str, Any], output_name: str) -> str:
                      f"{s.get('preemptions', 0)} preemptions")
     if "workers" in s:
         lines.extend(_worker_lines(s))
+    if "disk_cache" in s:
+        lines.append(_disk_line(s["disk_cache"]))
     return "\n".join(lines)
+
+
+def _disk_line(d: dict[str, Any]) -> str:
+    rate = f" at {d['load_gb_s']:.2f} GB/s" if d.get("load_gb_s") else ""
+    stopped = f"; writing stopped: {d['write_error']}" if d.get("write_error") else ""
+    damaged = f", {d['corrupt_blocks']} damaged ignored" if d.get("corrupt_blocks") else ""
+    return (f"  disk cache    {d['hit_tokens']:,} cached tokens from disk ({d['hit_blocks']:,} "
+            f"blocks, {d['bytes_read'] / 1e6:,.1f} MB read{rate}{damaged}), "
+            f"{d['written_blocks']:,} blocks written ({d['bytes_written'] / 1e6:,.1f} MB)"
+            f"{stopped}")
 
 
 def _worker_lines(s: dict[str, Any]) -> list[str]:

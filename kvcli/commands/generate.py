@@ -24,6 +24,18 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(err)) from None
 
 
+def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a directory that is not a kvcli KV cache before the (slow) model load."""
+    if not value:
+        return None
+    from kvcli.kvstore.directory import NotAKVCacheError, open_cache_dir
+
+    try:
+        return str(open_cache_dir(value))
+    except (NotAKVCacheError, OSError) as err:
+        raise click.BadParameter(str(err)) from None
+
+
 _JOB_OPTIONS = [
     click.option("-o", "--output", metavar="FILE",
                  help="Write results here (default: stdout). Refuses to replace a non-empty "
@@ -89,6 +101,13 @@ _ENGINE_OPTIONS = [
                  default="float32", show_default=True),
     click.option("--allow-pickle", is_flag=True,
                  help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
+    click.option("--kv-cache-dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR", callback=_cache_dir,
+                 help="Persistent prefix cache: full KV blocks are kept in DIR across runs and "
+                      "processes, and prefixes missing in memory are loaded from it "
+                      "(env KVCLI_KV_CACHE_DIR)."),
+    click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
+                 help="Bound of --kv-cache-dir, least recently used blocks deleted first "
+                      "(default 8GiB)."),
 ]
 
 _RAY_OPTIONS = [
@@ -207,4 +226,6 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "enable_prefix_caching": not opts["no_prefix_caching"],
         "scheduling": opts["scheduling"], "device": opts["device"], "dtype": opts["dtype"],
         "allow_pickle": opts["allow_pickle"], "seed": opts["seed"],
+        "kv_cache_dir": opts["kv_cache_dir"],
+        "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
     }
