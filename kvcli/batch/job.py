@@ -28,7 +28,7 @@ from kvcli.batch.report import Reporter
 from kvcli.batch.seen import SeenIds
 from kvcli.batch.signals import StopSignal
 from kvcli.batch.source import RawLine
-from kvcli.batch.summary import RunCounters
+from kvcli.batch.summary import FAILED, RunCounters, Tally
 from kvcli.batch.writer import ResultWriter
 from kvcli.engine.request import SamplingParams
 
@@ -80,6 +80,7 @@ class BatchJob:
         self.opts = opts
         self.done = done or set()  # keys already in the output (--resume)
         self.counters = counters or RunCounters()
+        writer.on_written = self._written  # results count once their line is on disk
         self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
         self._pending: dict[str, tuple[int, LineRequest]] = {}  # engine id -> (seq, request)
         self._seen = SeenIds()  # ids of earlier lines (duplicates)
@@ -173,28 +174,29 @@ class BatchJob:
         if failed is not None:
             self._fail(seq, failed)
             return
-        self.counters.record(out)
-        self._emit(seq, self.formatter.success(req, out))
+        self._emit(seq, self.formatter.success(req, out), Tally.of(out))
 
     def _reject(self, seq: int, req: LineRequest, err: ValueError) -> None:
         self._fail(seq, FailedLine(req.ident, req.style, LineError.from_value_error(err)))
 
     def _fail(self, seq: int, failed: FailedLine) -> None:
-        self.counters.failed += 1
         ident = failed.ident
         where = f"{self.opts.input_name}:{ident.line_no}"
         if ident.field is not None:
             where += f" ({ident.field} {ident.key!r})"
         self.reporter.error(f"{where}: {failed.describe}")
-        self._emit(seq, self.formatter.failure(failed))
+        self._emit(seq, self.formatter.failure(failed), FAILED)
         if self.opts.fail_fast:
             self._failed_fast = True
 
-    def _emit(self, seq: int, line: bytes) -> None:
+    def _emit(self, seq: int, line: bytes, tally: Tally) -> None:
         try:
-            self.writer.submit(seq, line)
+            self.writer.submit(seq, line, tally)
         except OSError as err:
             raise OutputError(err) from None
+
+    def _written(self, tally: Tally) -> None:
+        self.counters.add(tally)
         self.reporter.advance(self.counters)
 
     def _note_duplicate(self, ident: LineId) -> None:
@@ -216,7 +218,7 @@ class BatchJob:
     def _abort_pending(self) -> int:
         for engine_id in self._pending:
             self.engine.abort(engine_id)
-        n = len(self._pending) + self.writer.held
+        n = len(self._pending) + self.writer.unwritten
         self._pending.clear()
         return n
 
@@ -226,7 +228,8 @@ class BatchJob:
     def _stopped_by_output_error(self, err: OSError) -> JobOutcome:
         if err.errno == errno.EPIPE:  # | head: the reader is gone, nothing to say
             return self._outcome(EXIT_BROKEN_PIPE, "broken pipe")
-        hint = " (disk full)" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        hint = {errno.ENOSPC: " (disk full)", errno.EDQUOT: " (disk full)",
+                errno.EFBIG: " (file size limit)"}.get(err.errno or 0, "")
         self.reporter.error(f"kvcli generate: cannot write to {self.writer.sink.name}: "
                             f"{err.strerror or err}{hint}; {self.writer.written} results written")
         return self._outcome(EXIT_FAILED, f"write error: {err.strerror or err}")

@@ -6,10 +6,12 @@ an output that would be clobbered fail in milliseconds with exit status 2.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
 import re
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from kvcli.batch.job import EXIT_USAGE, BatchJob, JobOptions, JobOutcome
+from kvcli.batch.lock import OutputLock, OutputLocked, lock_output
 from kvcli.batch.output import ResultFormatter
 from kvcli.batch.parse import ParseOptions
 from kvcli.batch.report import Reporter
@@ -30,7 +33,7 @@ from kvcli.batch.source import (
     open_input,
 )
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
-from kvcli.batch.writer import FdSink, ResultWriter, open_sink
+from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
 from kvcli.engine.request import SamplingParams
 
 
@@ -109,8 +112,13 @@ def run_generate(cfg: GenerateConfig, engine_factory: EngineFactory | None = Non
 
 def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
     _check_paths(cfg)
-    stream = _open(cfg.input)
-    try:
+    with contextlib.ExitStack() as stack:
+        lock = _lock_output(cfg)  # before the resume state is read, held to the end
+        if lock is not None:
+            stack.callback(lock.release)
+        stream = _open(cfg.input)
+        if stream is not sys.stdin.buffer:
+            stack.callback(stream.close)
         lines = iter_lines(stream, cfg.max_line_bytes)
         first = _first_line(lines, cfg.input)
         resume = _resume(cfg)
@@ -118,10 +126,7 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
             engine = engine_factory(cfg)
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
-        return _run_job(cfg, engine, itertools.chain([first], lines), resume)
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
+        return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock)
 
 
 def _check_paths(cfg: GenerateConfig) -> None:
@@ -134,9 +139,24 @@ def _check_paths(cfg: GenerateConfig) -> None:
         raise BatchUsageError(f"-o {out}: is a directory")
     if os.path.exists(out) and os.path.exists(cfg.input) and os.path.samefile(out, cfg.input):
         raise BatchUsageError("-o names the input file; write the results elsewhere")
-    if not (cfg.resume or cfg.overwrite) and os.path.exists(out) and os.path.getsize(out) > 0:
-        raise BatchUsageError(f"{out} already has results; continue it with --resume, or "
+
+
+def _lock_output(cfg: GenerateConfig) -> OutputLock | None:
+    """Lock ``-o FILE`` for this run (kvcli/batch/lock.py); a second writer stops here."""
+    if cfg.to_stdout:
+        return None
+    try:
+        lock = lock_output(str(cfg.output))
+    except OutputLocked as err:
+        raise BatchUsageError(str(err)) from None
+    except OSError as err:
+        raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
+    # Checked under the lock: a run that just finished may have written it.
+    if not (cfg.resume or cfg.overwrite) and os.fstat(lock.fd).st_size > 0:
+        lock.release()
+        raise BatchUsageError(f"{cfg.output} already has results; continue it with --resume, or "
                               "replace it with --overwrite")
+    return lock
 
 
 def _open(path: str) -> BinaryIO:
@@ -177,12 +197,23 @@ def _resume(cfg: GenerateConfig) -> ResumeState:
     return state
 
 
-def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
-             resume: ResumeState) -> int:
+def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:
+    """Results go out through the locked descriptor; without --resume the file starts empty
+    (--overwrite replaces it only now, once the model has loaded)."""
+    if lock is None:
+        return open_sink(None)
+    regular = stat.S_ISREG(os.fstat(lock.fd).st_mode)
     try:
-        sink = open_sink(cfg.output, append=cfg.resume)
+        if regular and not cfg.resume:
+            os.ftruncate(lock.fd, 0)
     except OSError as err:
         raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
+    return FdSink(lock.fd, str(cfg.output), owns_fd=False, exclusive=regular)
+
+
+def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
+             resume: ResumeState, lock: OutputLock | None) -> int:
+    sink = _sink(cfg, lock)
     show = cfg.progress or sys.stderr.isatty()
     total = count_lines(cfg.input, cfg.max_line_bytes) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
@@ -213,6 +244,8 @@ def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
     if outcome.aborted:
         how = "" if cfg.to_stdout else f"; rerun with --resume -o {cfg.output} to finish"
         why = "unfinished, or waiting for an earlier one" if cfg.ordered else "unfinished"
+        if outcome.status.startswith("write error"):
+            why += ", or the one being written when the write failed"
         print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} requests not "
               f"written ({why}){how}", file=sys.stderr)
     if not cfg.quiet:

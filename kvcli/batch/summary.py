@@ -1,8 +1,10 @@
 """What a run did: per-request counters kept by the job, merged with the engine's own metrics.
 
 The job counts what it wrote (requests ok / failed / skipped, prompt, cached and
-generated tokens of this run's results); ``engine.stats()`` adds what only the
-engine knows (prefill tokens computed vs skipped, peak KV use, preemptions).
+generated tokens of this run's results), each result once its line is on disk: a
+result held back by ``--ordered`` or lost to a full disk is not counted, so the
+counts always match the file. ``engine.stats()`` adds what only the engine knows
+(prefill tokens computed vs skipped, peak KV use, preemptions).
 """
 
 from __future__ import annotations
@@ -12,6 +14,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvcli.engine.outputs import RequestOutput
+
+
+@dataclass(slots=True, frozen=True)
+class Tally:
+    """What one result line adds to the counters once it is written."""
+
+    ok: bool
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> Tally:
+        return cls(True, len(out.prompt_token_ids), out.num_cached_tokens,
+                   sum(len(c.token_ids) for c in out.outputs))
+
+
+FAILED = Tally(ok=False)
 
 
 @dataclass(slots=True)
@@ -25,11 +45,14 @@ class RunCounters:
     generated_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def record(self, out: RequestOutput) -> None:
+    def add(self, tally: Tally) -> None:
+        if not tally.ok:
+            self.failed += 1
+            return
         self.ok += 1
-        self.prompt_tokens += len(out.prompt_token_ids)
-        self.cached_tokens += out.num_cached_tokens
-        self.generated_tokens += sum(len(c.token_ids) for c in out.outputs)
+        self.prompt_tokens += tally.prompt_tokens
+        self.cached_tokens += tally.cached_tokens
+        self.generated_tokens += tally.generated_tokens
 
     @property
     def done(self) -> int:

@@ -3,7 +3,10 @@
 Each line goes out with one ``os.write`` of the whole line, newline included
 (looping only if the kernel takes part of it), unbuffered: nothing sits in a
 userspace buffer to be lost or half-flushed. Output files are opened with
-O_APPEND, so a resumed run continues after what is there.
+O_APPEND, so a resumed run continues after what is there. A write that fails
+part-way (a full disk) cuts the partial line off again where only this run
+writes the file (it is locked, kvcli/batch/lock.py), so the file keeps whole
+results only; the writer reports each line once it is really on disk.
 
 :class:`ResultWriter` writes in completion order (streaming), or with
 ``ordered=True`` in input order, each line as soon as every earlier one is out.
@@ -14,8 +17,9 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 
 class LineSink(Protocol):
@@ -31,11 +35,24 @@ class FdSink:
     fd: int
     name: str
     owns_fd: bool = True
+    exclusive: bool = False  # a regular file no one else writes: a partial line may be cut off
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError:
+            if self.exclusive and len(view) < len(data):
+                self._cut(len(data) - len(view))
+            raise
+
+    def _cut(self, partial: int) -> None:
+        """Remove the start of a line that got out before the write failed."""
+        try:
+            os.ftruncate(self.fd, os.lseek(self.fd, 0, os.SEEK_END) - partial)
+        except OSError:
+            pass  # the line stays cut short; --resume removes a partial last line
 
     def close(self) -> None:
         if self.owns_fd:
@@ -75,10 +92,12 @@ def open_sink(path: str | None, append: bool = False) -> LineSink:
 class ResultWriter:
     sink: LineSink
     ordered: bool = False
+    on_written: Callable[[Any], None] | None = None  # gets a line's tag once it is on disk
     written: int = 0
+    lost: int = 0  # lines whose write failed (not on disk, or only a part of them)
     _next_seq: int = 0  # next input-order number to hand out
     _next_write: int = 0  # ordered: the number whose line must go out next
-    _held: dict[int, bytes] = field(default_factory=dict)
+    _held: dict[int, tuple[bytes, Any]] = field(default_factory=dict)
 
     def reserve(self) -> int:
         """An input-order number for a request about to be admitted."""
@@ -86,14 +105,16 @@ class ResultWriter:
         self._next_seq += 1
         return seq
 
-    def submit(self, seq: int, line: bytes) -> None:
+    def submit(self, seq: int, line: bytes, tag: Any = None) -> None:
+        """Write ``line`` (ordered: once every earlier one is out); ``tag`` goes to on_written."""
         if not self.ordered:
-            self._write(line)
+            self._write(line, tag)
             return
-        self._held[seq] = line
+        self._held[seq] = (line, tag)
         while self._next_write in self._held:
-            self._write(self._held.pop(self._next_write))
+            held, held_tag = self._held.pop(self._next_write)
             self._next_write += 1
+            self._write(held, held_tag)
 
     @property
     def outstanding(self) -> int:
@@ -105,6 +126,17 @@ class ResultWriter:
         """Ordered: finished lines waiting for an earlier one (lost on interrupt)."""
         return len(self._held)
 
-    def _write(self, line: bytes) -> None:
-        self.sink.write(line)
+    @property
+    def unwritten(self) -> int:
+        """Finished lines that are not on disk: held back, or their write failed."""
+        return len(self._held) + self.lost
+
+    def _write(self, line: bytes, tag: Any) -> None:
+        try:
+            self.sink.write(line)
+        except OSError:
+            self.lost += 1
+            raise
         self.written += 1
+        if self.on_written is not None:
+            self.on_written(tag)
