@@ -12,6 +12,7 @@ import click
 from kvcli import __version__  # also sets the thread-pool environment (kvcli/__init__.py)
 from kvcli.commands.audit import audit
 from kvcli.commands.bench import bench
+from kvcli.commands.cache import cache
 from kvcli.commands.generate import generate
 from kvcli.commands.models import models
 
@@ -26,3 +27,4 @@ main.add_command(generate)
 main.add_command(audit)
 main.add_command(models)
 main.add_command(bench)
+main.add_command(cache)

@@ -22,6 +22,8 @@ from kvcli.kvstore.format import BlockKey, CorruptBlockError, check_block, encod
 
 log = logging.getLogger("kvcli.kvstore")
 
+RUNS_LOG = "runs.jsonl"
+
 
 @dataclass(slots=True)
 class DiskStats:
@@ -127,6 +129,24 @@ class ModelStore:
         self.stats.written_blocks += 1
         self.stats.bytes_written += len(header) + len(payload)
         return len(header) + len(payload)
+
+    def record_run(self) -> None:
+        """Append this process's hit and write counts to the model's ``runs.jsonl`` (what
+        ``kvcli cache stats`` sums). One short O_APPEND write: concurrent runs never interleave."""
+        s = self.stats
+        if not (s.hit_blocks or s.written_blocks) or not self.dir.exists():
+            return
+        line = json.dumps({"time": round(time.time(), 3), "hit_blocks": s.hit_blocks,
+                           "bytes_read": s.bytes_read, "written_blocks": s.written_blocks,
+                           "bytes_written": s.bytes_written}) + "\n"
+        try:
+            fd = os.open(self.dir / RUNS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:  # read-only or full: the counts are only informative
+            pass
 
     def _prepare(self) -> None:
         (self.root / "tmp").mkdir(mode=0o700, exist_ok=True)

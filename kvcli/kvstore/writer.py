@@ -65,9 +65,11 @@ class WriteBehind:
         self._queue.join()
 
     def close(self) -> None:
+        """Write what is queued, stop the thread and log the run's counts (idempotent)."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+            self.store.record_run()
         atexit.unregister(self.close)
 
     # ------------------------------------------------------------------ thread
