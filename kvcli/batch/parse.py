@@ -20,6 +20,7 @@ from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
 from kvcli.engine.request import SamplingParams
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
 from kvcli.inputs.fields import line_id
+from kvcli.structured import line_constraint
 
 _STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION}
 
@@ -42,6 +43,7 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         req = parse_request(obj, opts.strict)
         style = _style(req)
         _check_supported(req)
+        _constrain(req)
         params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
         return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored)
     except LineError as err:
@@ -83,8 +85,15 @@ def _check_supported(req: InputRequest) -> None:
     """Fields the shared model reads (the audit uses them) that generate cannot honour yet."""
     if req.prompt.messages is not None:
         req.prompt.chat()  # non-text content parts fail here, naming the part
-    fmt = req.response_format
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        name = "text.format" if req.format is Format.RESPONSES else "response_format"
-        raise LineError(req.prefix + name, "structured outputs are not supported yet; only "
-                        "{\"type\": \"text\"} can be honoured (the line would run unconstrained)")
+
+
+def _constrain(req: InputRequest) -> None:
+    """``response_format`` / ``structured_outputs`` -> the one constraint the engine enforces."""
+    name = "text.format" if req.format is Format.RESPONSES else "response_format"
+    try:
+        constraint = line_constraint(req.sampling.pop("structured_outputs", None),
+                                     req.response_format, req.prefix, name)
+    except ValueError as err:
+        raise LineError.from_value_error(err) from None
+    if constraint is not None:
+        req.sampling["structured_outputs"] = constraint

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from kvcli.structured.schema_check import check_json_schema
@@ -67,8 +68,8 @@ class StructuredOutputsParams:
         value = getattr(self, kind)
         if kind == "json":
             if isinstance(value, str):
-                value = self.json = _parse_json_text(value, self.path)
-            check_json_schema(value, self.path)
+                self.json = _parse_json_text(value, self.path)
+            _check_schema_once(self.key, self.path)
         elif kind == "json_object":
             if value is not True:
                 raise ValueError(f"{self.path}: expected true or false, got {value!r}")
@@ -100,10 +101,27 @@ class StructuredOutputsParams:
         return params
 
 
-def response_format_to_params(value: Any, prefix: str) -> StructuredOutputsParams | None:
+def line_constraint(structured: Any, response_format: Any, prefix: str,
+                    format_field: str = "response_format") -> StructuredOutputsParams | None:
+    """A line's constraint: vLLM's ``structured_outputs`` object or OpenAI's ``response_format``
+    (``text.format`` in a Responses body, whose json_schema fields are not nested); both is an
+    error, since which one wins would be a guess."""
+    so = None if structured is None else StructuredOutputsParams.from_json(
+        structured, f"{prefix}structured_outputs")
+    rf = None if response_format is None else response_format_to_params(
+        response_format, prefix + format_field, flat=format_field == "text.format")
+    if so is not None and rf is not None:
+        raise ValueError(f"{prefix}{format_field}: conflicts with structured_outputs on the same "
+                         "line; give one of them")
+    return so or rf
+
+
+def response_format_to_params(value: Any, prefix: str,
+                              flat: bool = False) -> StructuredOutputsParams | None:
     """OpenAI's ``response_format`` -> the constraint it asks for (None for ``{"type": "text"}``).
 
     ``json_schema.strict`` is accepted either way: kvcli always enforces the schema.
+    ``flat``: the Responses API's form, ``{"type": "json_schema", "name", "schema"}``.
     """
     if not isinstance(value, dict):
         raise ValueError(f"{prefix}: expected an object with a \"type\", got {_show(value)}")
@@ -113,7 +131,8 @@ def response_format_to_params(value: Any, prefix: str) -> StructuredOutputsParam
     if kind == "json_object":
         params = StructuredOutputsParams(json_object=True, source=prefix)
     elif kind == "json_schema":
-        params = _json_schema_params(value.get("json_schema"), f"{prefix}.json_schema")
+        params = (_json_schema_params(value, prefix) if flat
+                  else _json_schema_params(value.get("json_schema"), f"{prefix}.json_schema"))
     else:
         raise ValueError(f"{prefix}.type: expected \"text\", \"json_object\" or \"json_schema\", "
                          f"got {_show(kind)}")
@@ -133,6 +152,13 @@ def _json_schema_params(spec: Any, path: str) -> StructuredOutputsParams:
     if schema is None:  # OpenAI makes the schema optional: then any JSON object
         return StructuredOutputsParams(json_object=True, source=path)
     return StructuredOutputsParams(json=schema, source=f"{path}.schema")
+
+
+@lru_cache(maxsize=256)
+def _check_schema_once(key: str, path: str) -> None:
+    """A line's params are validated more than once (parser, engine) and most lines of a
+    job share one schema: check each (schema, field path) once; failures are not cached."""
+    check_json_schema(json.loads(key)[1], path)
 
 
 def _parse_json_text(text: str, path: str) -> Any:
