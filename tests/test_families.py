@@ -118,7 +118,8 @@ def test_greedy_equals_transformers(family, setting, monkeypatch):
 
 
 ARCHITECTURES = {"granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                 "phi3": "Phi3ForCausalLM"}
+                 "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gemma3": "Gemma3ForCausalLM"}
 
 
 def test_registered_and_listed(tiny_models):

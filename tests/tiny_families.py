@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-NEW_FAMILIES: tuple[str, ...] = ("granite", "olmo2", "phi3")
+NEW_FAMILIES: tuple[str, ...] = ("granite", "olmo2", "phi3", "gemma2", "gemma3")
 
 #: Phi-3's original (pre-extension) context: every test prompt fits in it (see
 #: docs/ARCHITECTURE.md on LongRoPE) and the longer ones' generations cross it.

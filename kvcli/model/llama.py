@@ -19,7 +19,7 @@ from kvcli.model.decoder import (
     GatedMLP,
     LayerSpec,
 )
-from kvcli.model.layers import Linear, RMSNorm, RotaryEmbedding, linear
+from kvcli.model.layers import Linear, RotaryEmbedding, linear
 from kvcli.model.numpy_decode import NumpyDecoder
 
 Device = torch.device | str
@@ -38,9 +38,8 @@ class LlamaForCausalLM(nn.Module):
         "gate_up_proj": ("gate_proj", "up_proj"),
     }
 
-    #: Norm class of every norm (Gemma: ``(1 + weight)``) and whether the fused NumPy batch-1
-    #: decode (numpy_decode.py, which knows only the Llama layer) may be used.
-    norm_class: type[RMSNorm] = RMSNorm
+    #: Whether the fused NumPy batch-1 decode (numpy_decode.py, which knows only the Llama
+    #: layer) may be used.
     numpy_decode_equivalent = True
 
     # --- hooks for the relatives (Qwen2, Qwen3, Mistral and the families in this package) ------

@@ -16,6 +16,8 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("kvcli.model.granite", "GraniteForCausalLM"),
     "Olmo2ForCausalLM": ("kvcli.model.olmo2", "Olmo2ForCausalLM"),
     "Phi3ForCausalLM": ("kvcli.model.phi3", "Phi3ForCausalLM"),
+    "Gemma2ForCausalLM": ("kvcli.model.gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("kvcli.model.gemma", "Gemma3ForCausalLM"),
 }
 
 
