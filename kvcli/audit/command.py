@@ -75,6 +75,7 @@ def _select(requests: Iterator[PromptRequest | InputProblem], keys: tuple[str, s
             by_id.setdefault(item.id, item)
         if str(position) in keys:
             by_index[str(position)] = item
+        item.position = position
         position += 1
     picked = []
     for key in keys:
@@ -156,7 +157,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     excerpts = bool(opts.html_path or opts.diff)
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     auditor = Auditor(config, tokenizer)
-    source = _diff_requests(opts, stdin, on_problem) if opts.diff else _requests(paths, stdin)
+    picked = _diff_requests(opts, stdin, on_problem) if opts.diff else None
+    source = picked if picked is not None else _requests(paths, stdin)
     keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
     results: list[PromptResult] = []
     findings: list[Finding] = []
@@ -167,6 +169,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
             results.append(result)
         findings.extend(result.findings)
     findings += auditor.finish()
+    if picked is not None:
+        _relabel(results, picked)
     if auditor.tools_ignored:
         first = auditor.tools_ignored[0]
         click.echo(f"kvcli audit: warning: the model's chat template ignores `tools`; they are not "
@@ -177,6 +181,17 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return EXIT_USAGE
     _report(opts, auditor, tokenizer.name, results, findings, problems, out)
     return _exit_status(findings, opts.fail_on)
+
+
+def _relabel(results: list[PromptResult], picked: list[PromptRequest]) -> None:
+    """--diff audits the two prompts alone: name them by their places in the input again."""
+    where = {r.index: req.position for r, req in zip(results, picked, strict=False)
+             if req.position is not None}
+    for result in results:
+        result.index = where.get(result.index, result.index)
+        for f in result.findings:
+            f.prompt = where.get(f.prompt, f.prompt)
+            f.against = where.get(f.against, f.against) if f.against is not None else None
 
 
 def _why_none(problems: list[InputProblem]) -> str:

@@ -156,7 +156,9 @@ class ModelTokenizer:
             directory = resolve_model(spec)
             return cls(Tokenizer.from_dir(directory), f"model:{spec}")
         except (OSError, ValueError, RuntimeError) as err:
-            raise TokenizerLoadError(f"--model {spec}: {err}") from err
+            message = str(err)  # the resolver's errors already name the flag
+            prefix = "" if message.startswith(f"--model {spec}") else f"--model {spec}: "
+            raise TokenizerLoadError(prefix + message) from err
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[int]]:
         return self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
