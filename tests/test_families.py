@@ -119,7 +119,8 @@ def test_greedy_equals_transformers(family, setting, monkeypatch):
 
 ARCHITECTURES = {"granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                 "gemma3": "Gemma3ForCausalLM"}
+                 "gemma3": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen3-moe": "Qwen3MoeForCausalLM"}
 
 
 def test_registered_and_listed(tiny_models):
@@ -169,3 +170,33 @@ def test_logits_equal_transformers(tiny_models, name):
         positions = torch.arange(start, end)
         got.append(ours.compute_logits(ours(torch.tensor(ids[start:end]), positions, meta, kv)))
     torch.testing.assert_close(torch.cat(got), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe"])
+def test_moe_routing_equals_transformers(tiny_models, name):
+    """The same experts, in the same order, with the same weights as transformers' router, tied
+    router probabilities included; routing is uneven; the block's output matches."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kvcli.model.loader import load_model
+
+    model_dir = tiny_models[name]
+    ours = load_model(model_dir).model.layers[0]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).model.layers[0]
+    ours_moe = getattr(ours, ours.mlp_name)
+    hf_moe = hf.mlp  # transformers 5 names both "mlp" (the checkpoint keeps block_sparse_moe)
+    with torch.no_grad():  # two experts with one router row: every row ties them
+        hf_moe.gate.weight[3] = hf_moe.gate.weight[2]
+        ours_moe.gate.weight[3] = ours_moe.gate.weight[2]
+        x = torch.randn(40, ours_moe.gate.weight.shape[1], generator=torch.Generator().manual_seed(3))
+        _, hf_weights, hf_experts = hf_moe.gate(x)
+        weights, experts = ours_moe.route(x)
+        expected = hf_moe(x[None])[0]
+    assert torch.equal(experts, hf_experts)
+    torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=1e-6)
+    tied = (experts == 2).any(-1) & (experts == 3).any(-1)
+    assert tied.any()  # the tie was actually met, and resolved as transformers resolves it
+    counts = torch.bincount(experts.reshape(-1), minlength=len(ours_moe.experts))
+    assert counts.max() > counts.min()  # uneven: some experts get more rows than others
+    torch.testing.assert_close(ours_moe(x), expected, atol=1e-5, rtol=1e-5)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-NEW_FAMILIES: tuple[str, ...] = ("granite", "olmo2", "phi3", "gemma2", "gemma3")
+NEW_FAMILIES: tuple[str, ...] = ("granite", "olmo2", "phi3", "gemma2", "gemma3", "mixtral",
+                                  "qwen3-moe")
 
 #: Phi-3's original (pre-extension) context: every test prompt fits in it (see
 #: docs/ARCHITECTURE.md on LongRoPE) and the longer ones' generations cross it.
@@ -45,4 +46,11 @@ def family_config(family: str, common: dict[str, Any]) -> Any:
         return tf.Gemma3TextConfig(**{**gemma, "num_hidden_layers": 3}, rope_parameters=rope,
                                    layer_types=["sliding_attention", "full_attention",
                                                 "sliding_attention"])
+    if family == "mixtral":  # six experts, two per token, normalised; a window on every layer
+        return tf.MixtralConfig(**common, num_local_experts=6, num_experts_per_tok=2,
+                                sliding_window=20)
+    if family == "qwen3-moe":  # eight experts, three per token, unnormalised; layer 1 dense
+        return tf.Qwen3MoeConfig(**{**common, "num_hidden_layers": 3}, num_experts=8,
+                                 num_experts_per_tok=3, moe_intermediate_size=48,
+                                 norm_topk_prob=False, mlp_only_layers=[1])
     raise ValueError(f"family: expected one of {', '.join(NEW_FAMILIES)}, got {family!r}")

@@ -48,6 +48,7 @@ class LayerSpec:
     norm_layout: str = "pre"
     norm: type[RMSNorm] = RMSNorm
     residual_multiplier: float | None = None  # Granite scales each branch before adding it
+    mlp_name: str = "mlp"  # the MLP's checkpoint name (Mixtral: "block_sparse_moe")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -142,7 +143,8 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = self_attn
-        self.mlp = mlp
+        setattr(self, spec.mlp_name, mlp)
+        self.mlp_name = spec.mlp_name
         norms: list[RMSNorm | None] = []
         for name in NORM_LAYOUTS[spec.norm_layout]:
             norm = None if name is None else spec.norm(cfg.hidden_size, cfg.rms_norm_eps, dtype,
@@ -159,10 +161,11 @@ class DecoderLayer(nn.Module):
         if self.pre_norm_only:  # Llama and its relatives: the fewest ops
             # Same order of additions as transformers, so float32 results agree to rounding.
             hidden = hidden + self.self_attn(self.attn_in(hidden), cos_sin, kv_layer, meta)
-            return hidden + self.mlp(self.mlp_in(hidden))
+            return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden))
         hidden = self._branch(hidden, self.self_attn(self._norm(self.attn_in, hidden), cos_sin,
                                                      kv_layer, meta), self.attn_out)
-        return self._branch(hidden, self.mlp(self._norm(self.mlp_in, hidden)), self.mlp_out)
+        mlp = getattr(self, self.mlp_name)
+        return self._branch(hidden, mlp(self._norm(self.mlp_in, hidden)), self.mlp_out)
 
     @staticmethod
     def _norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:

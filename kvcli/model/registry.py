@@ -18,6 +18,8 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("kvcli.model.phi3", "Phi3ForCausalLM"),
     "Gemma2ForCausalLM": ("kvcli.model.gemma", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("kvcli.model.gemma", "Gemma3ForCausalLM"),
+    "MixtralForCausalLM": ("kvcli.model.moe", "MixtralForCausalLM"),
+    "Qwen3MoeForCausalLM": ("kvcli.model.moe", "Qwen3MoeForCausalLM"),
 }
 
 
