@@ -16,26 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
+from test_generate_cli import LAUNCHER, TESTS_DIR
 
 from kvcli.batch.lock import OutputLocked, holder_pid, lock_output
 
-TESTS_DIR = Path(__file__).resolve().parent
-LAUNCHER = f"""\
-import os, sys
-sys.path.insert(0, {str(TESTS_DIR)!r})
-from batch_fakes import FakeEngine
-import kvcli.batch.run
-kvcli.batch.run.load_engine = lambda cfg: FakeEngine(step_delay=float(os.environ["FAKE_DELAY"]))
-from kvcli.cli import main
-main(prog_name="kvcli")
-"""
 LINES = [{"id": f"r{i}", "prompt": "abcdefghij"[: 1 + i % 10]} for i in range(30)]
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[list[str], Path, Path]:
     launcher = tmp_path / "kvcli_fake.py"
-    launcher.write_text(LAUNCHER)
+    launcher.write_text(LAUNCHER.format(tests=str(TESTS_DIR)))
     inp = tmp_path / "b30.jsonl"
     inp.write_text("".join(json.dumps(o) + "\n" for o in LINES))
     return [sys.executable, str(launcher), "generate", str(inp)], inp, tmp_path / "o.jsonl"

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 from batch_fakes import FakeEngine
+from test_batch_writer import ListSink
+from test_generate_cli import LAUNCHER, TESTS_DIR
 
 from kvcli.batch.job import BatchJob, JobOptions
 from kvcli.batch.output import ResultFormatter
@@ -26,17 +28,6 @@ from kvcli.batch.report import Reporter
 from kvcli.batch.source import iter_lines
 from kvcli.batch.writer import ResultWriter
 from kvcli.engine.request import SamplingParams
-
-TESTS_DIR = Path(__file__).resolve().parent
-LAUNCHER = f"""\
-import sys
-sys.path.insert(0, {str(TESTS_DIR)!r})
-from batch_fakes import FakeEngine
-import kvcli.batch.run
-kvcli.batch.run.load_engine = lambda cfg: FakeEngine()
-from kvcli.cli import main
-main(prog_name="kvcli")
-"""
 
 
 def jsonl(objs: list[dict]) -> str:
@@ -48,7 +39,7 @@ def test_file_size_limit_mid_line_counts_only_whole_lines(tmp_path: Path) -> Non
     EFBIG, as a filling disk does with ENOSPC): the partial line is cut off again, and the
     summary's ok count and "not written" count add up to what the file really holds."""
     launcher = tmp_path / "kvcli_fake.py"
-    launcher.write_text(LAUNCHER)
+    launcher.write_text(LAUNCHER.format(tests=str(TESTS_DIR)))
     inp = tmp_path / "b30.jsonl"
     inp.write_text(jsonl([{"id": f"r{i}", "prompt": "abcdefghij"[: 1 + i % 10]}
                           for i in range(30)]))
@@ -61,6 +52,7 @@ def test_file_size_limit_mid_line_counts_only_whole_lines(tmp_path: Path) -> Non
         out.unlink(missing_ok=True)
         res = subprocess.run([sys.executable, str(launcher), "generate", str(inp), "-o", str(out),
                               "--stats", str(stats), *ordered], preexec_fn=limit,
+                             env={**os.environ, "FAKE_DELAY": "0"},
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 1, res.stderr
         data = out.read_bytes()
@@ -87,19 +79,6 @@ class Recorder(FakeEngine):
         if len(self.trace) == self.interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)
         return super().step()
-
-
-class ListSink:
-    name = "list"
-
-    def __init__(self) -> None:
-        self.lines: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.lines.append(data)
-
-    def close(self) -> None:
-        pass
 
 
 def run(ordered: bool, interrupt_at: int | None = None):
