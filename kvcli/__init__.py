@@ -22,6 +22,13 @@ THREAD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": 
 for _key, _value in THREAD_ENV_DEFAULTS.items():
     os.environ.setdefault(_key, _value)
 
+# The `kvcli` command: exit cleanly on Ctrl-C from here on, before any heavy import
+# (kvcli/startup.py says why). `import kvcli` in a program of its own changes nothing.
+from kvcli import startup as _startup  # noqa: E402 - after the environment, on purpose
+
+if _startup.launched_as_cli():
+    _startup.install()
+
 if TYPE_CHECKING:
     from kvcli.engine.llm import LLM
     from kvcli.engine.request import SamplingParams

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import click
 
-from kvcli import __version__  # also sets the thread-pool environment (kvcli/__init__.py)
+from kvcli import __version__, startup  # __init__ sets the thread-pool environment
 from kvcli.commands.audit import audit
 from kvcli.commands.bench import bench
 from kvcli.commands.cache import cache
 from kvcli.commands.generate import generate
 from kvcli.commands.models import models
 
+# Commands whose start-up (model load, conversion) keeps kvcli/startup.py's exit-at-once
+# Ctrl-C handler; the others get Python's default handling back, as before.
+_CLEAN_EXIT_COMMANDS = frozenset({"generate", "models"})
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvcli")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Offline LLM batch generation with prefix caching, and prompt-cache auditing."""
+    if ctx.invoked_subcommand not in _CLEAN_EXIT_COMMANDS:
+        startup.release()
 
 
 main.add_command(generate)

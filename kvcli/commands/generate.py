@@ -174,6 +174,9 @@ def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
             _refuse_ray_options_without_ray(ctx)
             code = run_generate(cfg)
         else:
+            from kvcli import startup
+
+            startup.release()  # Ray starts processes of its own and handles Ctrl-C itself
             code = _run_on_ray(cfg, opts)
     except KeyboardInterrupt:  # a second Ctrl-C: stop without waiting for the engine step
         code = EXIT_INTERRUPTED
