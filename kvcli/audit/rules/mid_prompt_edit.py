@@ -3,7 +3,9 @@ changes an earlier message (edited, dropped, summarized, reordered or inserted).
 
 The previous request is the session's last one (session_id, prompt_cache_key, user,
 metadata.session_id), or without a session key the last request that opened with
-the same first non-system message. Append-only is what the cache rewards.
+the same first non-system message, else the request it repeats the longest run of
+consecutive messages of (at least two: a rewritten opening or a compacted history keeps
+the later turns). Append-only is what the cache rewards.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class MidPromptEdit(Rule):
         # What append-only would have let the cache reuse: the rest of the previous request.
         stake = view.tokens_in(len(old_text) - old[k].start - offset)
         scope = f"session '{shape.session}'" if shape.session is not None else "the same conversation"
+        overlap = self.ctx.conversations.overlap(shape)
+        if overlap is not None:
+            scope += (f": its messages[{overlap.new_start}:{overlap.new_start + overlap.length}] repeat "
+                      f"messages[{overlap.old_start}:{overlap.old_start + overlap.length}] there")
         message = (
             f"messages[{k}] ({old[k].role}) was {how} since {prompt_name(self.ctx, prev.index)} "
             f"({scope}): the request is not append-only, so the ~{stake} tokens that followed there "
