@@ -200,3 +200,21 @@ def test_moe_routing_equals_transformers(tiny_models, name):
     counts = torch.bincount(experts.reshape(-1), minlength=len(ours_moe.experts))
     assert counts.max() > counts.min()  # uneven: some experts get more rows than others
     torch.testing.assert_close(ours_moe(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_generate_cli_runs_family(tiny_models, name, kvcli_home):
+    """``kvcli generate`` end to end on the family's directory: chat template, engine, output."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvcli.cli import main
+
+    line = json.dumps({"id": "q", "messages": [{"role": "user", "content": "Once upon a time"}],
+                       "max_tokens": 5, "ignore_eos": True})
+    result = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models[name]),
+                                       "--quiet", "--token-ids"], input=line + "\n")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["id"] == "q" and len(out["token_ids"]) == 5 and out["finish_reason"] == "length"
