@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_resolve import _KILLED_CONVERSION
 
 KVCLI = Path(sys.executable).with_name("kvcli")  # the console script, as a user runs it
 # The interpreter's own start-up, before any kvcli code runs (site, the script's first import):
@@ -57,6 +58,22 @@ def test_interrupts_at_random_moments_of_start_up_all_exit_130(tiny_models, tmp_
         outcomes.append((round(delay, 2), proc.returncode, err.strip()[-200:]))
     print(outcomes)
     assert all(code == 130 and _stderr_is_clean(err) for _, code, err in outcomes), outcomes
+
+
+# test_resolve's conversion that stops for a minute once its files are written, in a process
+# with kvcli's start-up handler, as the console script installs it (kvcli/__init__.py).
+_SLOW_CONVERSION = "from kvcli import startup\nstartup.install()\n" + _KILLED_CONVERSION
+
+
+def test_interrupted_conversion_exits_130_and_leaves_no_temp_dir(tiny_models, kvcli_home):
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_CONVERSION, str(tiny_models.gguf())],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and _stderr_is_clean(err), err
+    assert err.strip().splitlines()[-1] == "kvcli: stopped by SIGINT"
+    assert list((kvcli_home / "models").iterdir()) == []  # the half conversion is gone
 
 
 def test_commands_with_their_own_ctrl_c_handling_get_pythons_back(kvcli_home) -> None:

@@ -82,7 +82,9 @@ _SAMPLING_OPTIONS = [
 
 _ENGINE_OPTIONS = [
     click.option("--model", default="smollm2-135m", show_default=True,
-                 help="Model name or local directory / file."),
+                 help="smollm2-135m, a NAME from `kvcli models`, a local Hugging Face directory, "
+                      "a .gguf file, or ORG/NAME on the hub (downloaded when not in the local "
+                      "cache, unless HF_HUB_OFFLINE=1)."),
     click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
                  help="Tokens per KV block (and per prefix-cache hash)."),
     click.option("--num-blocks", type=click.IntRange(min=1),
@@ -228,7 +230,7 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "max_num_seqs": opts["max_num_seqs"],
         "enable_prefix_caching": not opts["no_prefix_caching"],
         "scheduling": opts["scheduling"], "device": opts["device"], "dtype": opts["dtype"],
-        "allow_pickle": opts["allow_pickle"], "seed": opts["seed"],
+        "allow_pickle": opts["allow_pickle"], "seed": opts["seed"], "quiet": opts["quiet"],
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
     }

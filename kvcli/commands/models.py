@@ -45,8 +45,9 @@ def models(ctx: click.Context, as_json: bool) -> None:
     """List the default model and the models converted into $KVCLI_HOME.
 
     Every command that runs a model takes --model DIR|FILE.gguf|ORG/NAME|smollm2-135m:
-    a local Hugging Face directory, a GGUF file (converted once into the cache),
-    a Hugging Face repo id found in the local hub cache, or the default model.
+    a local Hugging Face directory, a GGUF file (converted once into the cache), a
+    Hugging Face repo id (from the local hub cache, downloaded when missing unless
+    HF_HUB_OFFLINE=1), the default model, or any NAME this command lists.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -68,12 +69,13 @@ def models(ctx: click.Context, as_json: bool) -> None:
 @models.command("convert")
 @click.argument("spec", required=False)
 @click.option("--allow-pickle", is_flag=True, help="Accept PyTorch .bin (pickle) weights.")
-def convert(spec: str | None, allow_pickle: bool) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="No conversion or download progress.")
+def convert(spec: str | None, allow_pickle: bool, quiet: bool) -> None:
     """Resolve SPEC (default: smollm2-135m), converting a GGUF once; print its directory."""
     from kvcli.model.resolve import ModelResolveError, resolve_model
 
     try:
-        path = resolve_model(spec, allow_pickle=allow_pickle)
+        path = resolve_model(spec, allow_pickle=allow_pickle, quiet=quiet)
     except ModelResolveError as err:
         raise click.ClickException(str(err)) from err
     click.echo(str(path))

@@ -24,6 +24,7 @@ from kvcli.engine.scheduler import Scheduler, SchedulerConfig
 from kvcli.engine.stop import check_stop, final_text
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
+NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 MAX_DEFAULT_BLOCKS = 32768
 
 
@@ -41,6 +42,7 @@ class EngineConfig:
     dtype: str = "float32"
     allow_pickle: bool = False
     seed: int = 0
+    quiet: bool = False  # no model conversion or download progress on stderr
     kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
     kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
 
@@ -114,7 +116,8 @@ class LLMEngine:
         from kvcli.model.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
-        model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle))
+        model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
+                                       quiet=config.quiet))
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
@@ -207,6 +210,13 @@ class LLMEngine:
         now = time.monotonic()
         finished: list[RequestOutput] = []
         for i, req in enumerate(samplers):
+            if i in result.nonfinite:  # its token would be garbage: the request fails instead
+                req.error = NONFINITE_LOGITS
+                self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+                done = self._on_finished(req)
+                if done is not None:
+                    finished.append(done)
+                continue
             req.append_output_token(result.token_ids[i])
             if result.logprobs[i] is not None:
                 req.logprobs.append(result.logprobs[i])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from kvcli.engine.request import Request
 class SampleResult:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]
+    nonfinite: list[int] = field(default_factory=list)  # rows the engine fails (model_runner)
 
 
 class Sampler:

@@ -4,7 +4,9 @@ torch, transformers and gguf are imported inside the functions: importing this
 module stays cheap. The conversion is written into a hidden temporary directory
 beside the destination and renamed into place only when complete (the marker
 file is its last write), so a killed conversion never leaves a half model that
-later runs would trust.
+later runs would trust. Each file's size, mtime and SHA-256 go into the marker, and every
+use checks them first (kvcli/model/integrity.py), so a file damaged later is an error that
+names the directory, never silent garbage.
 """
 
 from __future__ import annotations
@@ -12,14 +14,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from kvcli import startup
+from kvcli.model.integrity import (
+    FileRecords,
+    check_files,
+    describe_files,
+    sha256_file,
+    write_atomically,
+)
+from kvcli.model.progress import ModelProgress
 
 MARKER = "kvcli_model.json"
 _TEMP_PREFIX = ".tmp-"
+_UNCHECKED = frozenset({MARKER})  # the marker holds the checksums; hidden temp files skipped
 
 
 class ModelResolveError(ValueError):
@@ -37,6 +49,8 @@ class ConversionRecord:
     seconds: float
     transformers_version: str
     created: str
+    source_sha256: str | None = None  # None in conversions made before checksums
+    files: FileRecords = field(default_factory=dict)  # name -> size, mtime_ns, sha256
 
 
 def is_converted(directory: Path) -> bool:
@@ -48,6 +62,39 @@ def read_record(directory: Path) -> ConversionRecord | None:
         return ConversionRecord(**json.loads((directory / MARKER).read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _write_record(directory: Path, record: ConversionRecord) -> bool:
+    return write_atomically(directory / MARKER, json.dumps(asdict(record), indent=2))
+
+
+def damaged_hint(directory: Path) -> str:
+    """What to do about a damaged conversion: which directory to delete, and what follows."""
+    record = read_record(directory)
+    source = Path(record.source) if record else None
+    then = (f"the next run converts {source} again" if source and source.is_file()
+            else "then convert the GGUF again (kvcli models convert FILE.gguf)")
+    return f"delete the directory {directory} (rm -r '{directory}'); {then}"
+
+
+def verify_conversion(directory: Path) -> Path:
+    """`directory` if its files are the ones kvcli wrote; ModelResolveError naming it if not.
+
+    Cheap when nothing changed (a stat per file). Conversions from before checksums get
+    theirs recorded now, from the files as they are."""
+    record = read_record(directory)
+    if record is None:
+        raise ModelResolveError(f"{directory / MARKER}: unreadable; {damaged_hint(directory)}")
+    if not record.files:
+        _write_record(directory, replace(record, files=describe_files(directory, _UNCHECKED)))
+        return directory
+    problem, files = check_files(directory, record.files)
+    if problem:
+        raise ModelResolveError(f"{directory}: kvcli's converted model is damaged: {problem}; "
+                                f"{damaged_hint(directory)}")
+    if files != record.files:  # verified again after an mtime change: cheap next time
+        _write_record(directory, replace(record, files=files))
+    return directory
 
 
 def _pid_alive(pid: int) -> bool:
@@ -122,48 +169,55 @@ def _ensure_chat_template(gguf_path: Path, out: Path, require_chatml: bool) -> N
         raise ModelResolveError(f"{gguf_path}: converted model has no ChatML chat template")
 
 
-def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: bool = False) -> Path:
-    """Convert `gguf_path` into `dest` unless already there; return `dest`."""
+def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: bool = False,
+                 quiet: bool = False) -> Path:
+    """Convert `gguf_path` into `dest` unless already there (then verified); return `dest`."""
     if is_converted(dest):
-        return dest
+        return verify_conversion(dest)
     if dest.exists():
         raise ModelResolveError(
             f"{dest} exists but is not a finished kvcli conversion (no {MARKER}); remove it and retry"
         )
-    import transformers
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_dirs(dest.parent)
     temp = Path(
         tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-", dir=dest.parent)
     )
+    progress = ModelProgress(quiet)
     started = time.monotonic()
-    stat = gguf_path.stat()
-    print(
-        f"kvcli: converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
-        "(first use only; this takes a while)...",
-        file=sys.stderr,
-        flush=True,
-    )
+    progress.phase(f"converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
+                   "(first use only; this takes a while)")
     try:
-        _write_hf_checkpoint(gguf_path, temp)
-        _ensure_chat_template(gguf_path, temp, require_chatml)
-        record = ConversionRecord(
-            name=dest.name,
-            source=str(gguf_path),
-            source_size=stat.st_size,
-            source_mtime_ns=stat.st_mtime_ns,
-            seconds=round(time.monotonic() - started, 1),
-            transformers_version=transformers.__version__,
-            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
-        (temp / MARKER).write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
-        try:
-            os.rename(temp, dest)
-        except OSError:
-            if not is_converted(dest):  # not a concurrent conversion that finished first
-                raise
+        with startup.removed_if_interrupted(temp), progress.library_output():
+            progress.phase("de-quantizing the tensors and writing model.safetensors")
+            _write_hf_checkpoint(gguf_path, temp)
+            _ensure_chat_template(gguf_path, temp, require_chatml)
+            progress.phase("recording the checksums of the converted files")
+            record = _conversion_record(gguf_path, temp, dest.name, started)
+            (temp / MARKER).write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
+            try:
+                os.rename(temp, dest)
+            except OSError:
+                if not is_converted(dest):  # not a concurrent conversion that finished first
+                    raise
     finally:
         shutil.rmtree(temp, ignore_errors=True)
-    print(f"kvcli: converted {label} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    progress.phase(f"converted {label} in {time.monotonic() - started:.1f} s")
     return dest
+
+
+def _conversion_record(gguf_path: Path, out: Path, name: str, started: float) -> ConversionRecord:
+    import transformers
+
+    stat = gguf_path.stat()
+    return ConversionRecord(
+        name=name,
+        source=str(gguf_path),
+        source_size=stat.st_size,
+        source_mtime_ns=stat.st_mtime_ns,
+        seconds=round(time.monotonic() - started, 1),
+        transformers_version=transformers.__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        source_sha256=sha256_file(gguf_path),
+        files=describe_files(out, _UNCHECKED),
+    )

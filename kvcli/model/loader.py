@@ -71,12 +71,16 @@ def checkpoint_tensors(model_dir: Path, allow_pickle: bool = False) -> Iterator[
     model_dir = Path(model_dir)
     files = _shard_files(model_dir, "model.safetensors.index.json", "*.safetensors")
     if files:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         for file in files:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
-                    yield file.name, name, handle.get_tensor(name)
+            try:
+                with safe_open(str(file), framework="pt", device="cpu") as handle:
+                    for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                        yield file.name, name, handle.get_tensor(name)
+            except SafetensorError as err:
+                _raise_if_converted(model_dir, file, err)
+                raise
         return
     pickles = _shard_files(model_dir, "pytorch_model.bin.index.json", "*.bin")
     pickles = [f for f in pickles if f.name != "training_args.bin"]
@@ -92,6 +96,16 @@ def checkpoint_tensors(model_dir: Path, allow_pickle: bool = False) -> Iterator[
         for name, tensor in state.items():
             yield file.name, name, tensor
         del state
+
+
+def _raise_if_converted(model_dir: Path, file: Path, err: Exception) -> None:
+    """A damaged file in kvcli's own conversion cache: say which directory to delete."""
+    from kvcli.model.convert import MARKER, damaged_hint
+
+    if (model_dir / MARKER).is_file():
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+        raise ModelLoadError(f"{file}: unreadable ({type(err).__name__}: {first}); "
+                             f"{damaged_hint(model_dir)}") from None
 
 
 def _destination(model: nn.Module, name: str) -> tuple[str, int | None]:

