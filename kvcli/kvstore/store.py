@@ -60,6 +60,9 @@ class ModelStore:
         self.stats = DiskStats()
         self._warned_corrupt = False
         self._ready = False  # tmp/, the model directory and model.json exist
+        # Reused by every read: a fresh bytearray per block costs a zero-fill and page faults
+        # (its payload is copied into the pool before the next read).
+        self._buf = bytearray()
 
     def path(self, block_hash: bytes) -> Path:
         name = block_hash.hex()
@@ -70,12 +73,18 @@ class ModelStore:
 
     # -------------------------------------------------------------------- read
     def read(self, block_hash: bytes) -> memoryview | None:
-        """The block's verified payload (writable memory), or None: not there or not usable."""
+        """The block's verified payload, or None: not there or not usable.
+
+        The payload is writable memory valid until the next ``read`` (one thread reads).
+        """
         path = self.path(block_hash)
         t0 = time.perf_counter()
         try:
             with open(path, "rb", buffering=0) as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
+                size = os.fstat(f.fileno()).st_size
+                if len(self._buf) < size:
+                    self._buf = bytearray(size)
+                data = memoryview(self._buf)[:size]
                 got = f.readinto(data)
         except FileNotFoundError:
             return None

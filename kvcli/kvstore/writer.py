@@ -15,7 +15,7 @@ import atexit
 import logging
 import queue
 import threading
-from typing import Any
+from collections.abc import Callable
 
 from kvcli.kvstore.directory import prune, total_bytes
 from kvcli.kvstore.store import ModelStore
@@ -24,7 +24,8 @@ log = logging.getLogger("kvcli.kvstore")
 
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 
-_Item = tuple[bytes, memoryview, Any]  # block hash, payload, the object owning the payload
+# block hash, payload, called once the payload's memory is no longer needed
+_Item = tuple[bytes, memoryview, Callable[[], None] | None]
 
 
 class WriteBehind:
@@ -50,14 +51,19 @@ class WriteBehind:
         with self._lock:
             return self._pending_bytes + nbytes <= self.max_pending_bytes
 
-    def offer(self, block_hash: bytes, payload: memoryview, owner: Any = None) -> bool:
-        """Queue one block; False (counted as dropped) when stopped or the queue is full."""
+    def offer(self, block_hash: bytes, payload: memoryview,
+              done: Callable[[], None] | None = None) -> bool:
+        """Queue one block; False (counted as dropped) when stopped or the queue is full.
+
+        ``done`` runs on the writer thread after the block is written or dropped (never when
+        False is returned), so the caller may recycle the payload's buffer.
+        """
         if not self.has_room(len(payload)):
             self.store.stats.dropped_blocks += 1
             return False
         with self._lock:
             self._pending_bytes += len(payload)
-        self._queue.put((block_hash, payload, owner))
+        self._queue.put((block_hash, payload, done))
         return True
 
     def flush(self) -> None:
@@ -84,6 +90,8 @@ class WriteBehind:
                 if item is not None:
                     with self._lock:
                         self._pending_bytes -= len(item[1])
+                    if item[2] is not None:
+                        item[2]()
                 self._queue.task_done()
 
     def _write(self, block_hash: bytes, payload: memoryview) -> None:
