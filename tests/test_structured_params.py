@@ -92,6 +92,8 @@ def test_canonical_key_ignores_key_order_and_source():
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("multipleOf", {"type": "number", "multipleOf": 0.5}),
     ("format", {"type": "string", "format": "credit-card"}),
+    ("maxLength", {"type": "string", "format": "email", "maxLength": 5}),
+    ("minLength", {"minLength": 2}),
 ])
 def test_unenforceable_keywords_are_refused(keyword, schema):
     nested = {"type": "object", "properties": {"not": schema}}  # a property named "not" is fine
@@ -112,6 +114,7 @@ VIOLATIONS = {  # schema, an instance violating it only through the refused keyw
     "oneOf": ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "1"),
     "multipleOf": ({"type": "number", "multipleOf": 0.5}, "0.3"),
     "format": ({"type": "string", "format": "credit-card"}, '"x"'),
+    "maxLength": ({"type": "string", "format": "email", "maxLength": 5}, '"abcdef@x.com"'),
 }
 
 
@@ -145,3 +148,17 @@ def test_refused_keywords_are_ones_xgrammar_ignores(compiler, keyword):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_allowed_formats_are_enforced(compiler, fmt):
     assert not _accepts(compiler, {"type": "string", "format": fmt}, '"~~ not a value ~~"')
+
+
+def test_string_lengths_are_compiled_as_patterns(compiler):
+    """xgrammar's own string-length grammar lets a raw control character through (invalid
+    JSON); kvcli compiles lengths as a pattern instead, which rejects it and keeps the bounds."""
+    from kvcli.structured.schema_check import with_string_lengths_as_patterns
+
+    schema = {"type": "string", "minLength": 1, "maxLength": 3}
+    assert _accepts(compiler, schema, '"a\x0c"')  # the bug the rewrite works around
+    fixed = with_string_lengths_as_patterns({"type": "object", "properties": {"s": schema}})
+    inner = fixed["properties"]["s"]
+    for text, ok in (('"abc"', True), ('""', False), ('"abcd"', False), ('"a\x0c"', False),
+                     ('"\u00e9\u6f22\u5b57"', True), ('"\u00e9\u6f22\u5b57x"', False)):
+        assert _accepts(compiler, inner, text) is ok, text  # characters counted, not bytes

@@ -14,8 +14,8 @@ import re
 import time
 from typing import Any
 
-from kvcli.structured.params import StructuredOutputsParams
-from kvcli.structured.schema_check import patterns
+from kvcli.structured.params import StructuredOutputsParams, embedded_schemas
+from kvcli.structured.schema_check import patterns, with_string_lengths_as_patterns
 from kvcli.structured.vocab import tokenizer_info
 
 _CPP_PREFIX = re.compile(r"\[[0-9:]+\] \S+\.cc:\d+: ")
@@ -52,8 +52,9 @@ class GrammarCache:
         kind = params.kind
         try:
             if kind == "json":
-                _check_patterns(params)
-                return self.compiler.compile_json_schema(json.dumps(params.json),
+                _check_patterns(params.json, params.path)
+                schema = with_string_lengths_as_patterns(params.json)
+                return self.compiler.compile_json_schema(json.dumps(schema),
                                                          any_whitespace=True, strict_mode=True)
             if kind == "json_object":  # any JSON object (not any JSON value), as in OpenAI's API;
                 # not strict, which would allow only {} (no properties declared)
@@ -61,6 +62,11 @@ class GrammarCache:
                                                          any_whitespace=True, strict_mode=False)
             if kind == "regex":
                 return self.compiler.compile_regex(params.regex)
+            if kind == "structural_tag":
+                for schema in embedded_schemas(params.structural_tag):
+                    _check_patterns(schema, params.path)
+                return self.compiler.compile_structural_tag(json.dumps(_tag_for_xgrammar(
+                    params.structural_tag)))
             if kind == "choice":
                 return self.compiler.compile_grammar(choice_grammar(params.choice))
             return self.compiler.compile_grammar(params.grammar)
@@ -81,14 +87,25 @@ class GrammarCache:
             raise ValueError(f"{params.path}: the grammar accepts no output")
 
 
-def _check_patterns(params: StructuredOutputsParams) -> None:
+def _check_patterns(schema: Any, path: str) -> None:
     import xgrammar as xgr
 
-    for where, pattern in patterns(params.json, params.path):
+    for where, pattern in patterns(schema, path):
         try:
             xgr.Grammar.from_regex(pattern)
         except Exception as err:
             raise ValueError(f"{where}: {_reason(err)}") from None
+
+
+def _tag_for_xgrammar(node: Any) -> Any:
+    """A structural tag with its JSON Schemas rewritten as for a plain schema."""
+    if isinstance(node, list):
+        return [_tag_for_xgrammar(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema":
+        return {**node, "json_schema": with_string_lengths_as_patterns(node.get("json_schema"))}
+    return {key: _tag_for_xgrammar(value) for key, value in node.items()}
 
 
 def choice_grammar(choices: list[str]) -> str:

@@ -21,7 +21,9 @@ from typing import Any
 
 from kvcli.structured.schema_check import check_json_schema
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+LINE_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # what a line may set
+# + xgrammar's structural tag (vLLM's name too): how tool_choice constrains to calls
+KINDS = (*LINE_KINDS, "structural_tag")
 
 
 @dataclass(slots=True)
@@ -31,6 +33,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
     # The input field this came from (errors name it); "structured_outputs.<kind>" if unset.
     source: str = ""
 
@@ -75,6 +78,10 @@ class StructuredOutputsParams:
                 raise ValueError(f"{self.path}: expected true or false, got {value!r}")
         elif kind == "choice":
             _check_choice(value, self.path)
+        elif kind == "structural_tag":
+            if isinstance(value, str):
+                self.structural_tag = _parse_json_text(value, self.path)
+            _check_structural_tag(self.structural_tag, self.path)
         elif not isinstance(value, str) or not value:
             raise ValueError(f"{self.path}: expected a non-empty string, got {_show(value)}")
 
@@ -87,15 +94,15 @@ class StructuredOutputsParams:
         if not isinstance(value, dict):
             raise ValueError(f"{prefix}: expected an object with one of {', '.join(KINDS)}, "
                              f"got {_show(value)}")
-        unknown = [k for k in value if k not in KINDS]
+        unknown = [k for k in value if k not in LINE_KINDS]
         if unknown:
             raise ValueError(f"{prefix}.{unknown[0]}: not supported; kvcli takes one of "
-                             + ", ".join(KINDS))
-        given = [k for k in KINDS if value.get(k) not in (None, False)]
-        params = cls(**{k: value.get(k) for k in KINDS},
+                             + ", ".join(LINE_KINDS))
+        given = [k for k in LINE_KINDS if value.get(k) not in (None, False)]
+        params = cls(**{k: value.get(k) for k in LINE_KINDS},
                      source=f"{prefix}.{given[0]}" if len(given) == 1 else "")
         if len(given) != 1:
-            raise ValueError(f"{prefix}: expected exactly one of {', '.join(KINDS)}, got "
+            raise ValueError(f"{prefix}: expected exactly one of {', '.join(LINE_KINDS)}, got "
                              f"{' and '.join(given) or 'none'}")
         params.validate()
         return params
@@ -166,6 +173,28 @@ def _parse_json_text(text: str, path: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from None
+
+
+def _check_structural_tag(tag: Any, path: str) -> None:
+    """An xgrammar structural tag; every JSON Schema inside it is checked like any other."""
+    if not isinstance(tag, dict) or tag.get("type") != "structural_tag":
+        raise ValueError(f"{path}: expected an object with \"type\": \"structural_tag\"")
+    for schema in embedded_schemas(tag):
+        check_json_schema(schema, f"{path}.json_schema")
+
+
+def embedded_schemas(tag: Any) -> list[Any]:
+    """The JSON Schemas of a structural tag's ``json_schema`` elements."""
+    found, stack = [], [tag]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "json_schema":
+                found.append(node.get("json_schema"))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
 
 
 def _check_choice(value: Any, path: str) -> None:

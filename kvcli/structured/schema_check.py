@@ -11,6 +11,7 @@ The path of the first error is written the way kvcli names input fields:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -94,6 +95,13 @@ def _unenforced(schema: dict[str, Any]) -> tuple[str, str] | None:
     if "multipleOf" in schema and not (schema.get("type") == "integer"
                                        and isinstance(schema["multipleOf"], int)):
         return "multipleOf", "supported only on integers, with an integer divisor"
+    if "minLength" in schema or "maxLength" in schema:
+        if schema.get("type") != "string":
+            return "maxLength" if "maxLength" in schema else "minLength", \
+                "supported only with \"type\": \"string\""
+        if "pattern" in schema or "format" in schema:
+            return "maxLength" if "maxLength" in schema else "minLength", \
+                "not enforced together with pattern or format"
     fmt = schema.get("format")
     if fmt is not None and fmt not in FORMATS:
         return "format", f"unknown format {fmt!r} (known: {', '.join(FORMATS)})"
@@ -105,3 +113,19 @@ def join_path(path: str, parts: Iterable[Any]) -> str:
     for part in parts:
         path += f"[{part}]" if isinstance(part, int) else f".{part}"
     return path
+
+
+def with_string_lengths_as_patterns(schema: Any) -> Any:
+    """A copy of ``schema`` in which ``{"type": "string", "minLength"/"maxLength"}`` becomes a
+    ``pattern`` of that many plain characters (no quote, backslash or control character).
+
+    xgrammar (0.2) compiles string lengths into a character class that lets raw control
+    characters through (invalid JSON) and no escapes; the pattern form is enforced
+    exactly, at the cost of escapes in such strings (test_structured_params.py re-measures).
+    """
+    copy = json.loads(json.dumps(schema))
+    for sub, _ in walk_subschemas(copy, ""):
+        if sub.get("type") == "string" and ("minLength" in sub or "maxLength" in sub):
+            low, high = sub.pop("minLength", 0), sub.pop("maxLength", "")
+            sub["pattern"] = f'^[^"\\\\\\x00-\\x1f]{{{low},{high}}}$'
+    return copy
