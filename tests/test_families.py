@@ -218,3 +218,34 @@ def test_generate_cli_runs_family(tiny_models, name, kvcli_home):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["id"] == "q" and len(out["token_ids"]) == 5 and out["finish_reason"] == "length"
+
+
+def test_gemma3_legacy_config_spelling(tiny_models, tmp_path):
+    """Hub configs from before transformers 5 spell Gemma 3's RoPE and layer pattern as
+    rope_theta + rope_scaling, rope_local_base_freq and sliding_window_pattern: same model."""
+    import json
+    import shutil
+
+    import torch
+
+    from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
+    from kvcli.model.loader import load_model
+
+    modern = tiny_models["gemma3"]
+    legacy = tmp_path / "gemma3-legacy"
+    shutil.copytree(modern, legacy)
+    raw = json.loads((legacy / "config.json").read_text())
+    ropes, kinds = raw.pop("rope_parameters"), raw.pop("layer_types")
+    full = ropes["full_attention"]
+    raw.update(rope_theta=full["rope_theta"], rope_local_base_freq=ropes["sliding_attention"][
+        "rope_theta"], rope_scaling={"rope_type": full["rope_type"], "factor": full["factor"]},
+        sliding_window_pattern=2)
+    assert kinds == ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(3)]
+    (legacy / "config.json").write_text(json.dumps(raw))
+    ids = torch.tensor(make_prompts(400)[2])
+    outs = []
+    for model in (load_model(modern), load_model(legacy)):
+        kv = allocate_kv_cache(model, 8, 16, torch.float32, "cpu")
+        meta = build_attention_metadata([[0, 1, 2, 3]], [0], [len(ids)], 16, "cpu")
+        outs.append(model.compute_logits(model(ids, torch.arange(len(ids)), meta, kv)))
+    assert torch.equal(outs[0], outs[1])
