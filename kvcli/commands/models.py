@@ -62,7 +62,7 @@ def models(ctx: click.Context, as_json: bool) -> None:
         return
     _print_table(infos)
     click.echo(f"\nCache: {kvcli_home()} (set KVCLI_HOME to move it).")
-    click.echo(f"Choose a model for any command with {SPEC_HELP}.")
+    click.echo(f"Choose a model for any command with {SPEC_HELP}, or a NAME listed above.")
     click.echo(f"Supported architectures: {', '.join(supported_architectures())}.")
 
 
