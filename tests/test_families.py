@@ -120,7 +120,7 @@ def test_greedy_equals_transformers(family, setting, monkeypatch):
 ARCHITECTURES = {"granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                  "gemma3": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen3-moe": "Qwen3MoeForCausalLM"}
+                 "qwen3-moe": "Qwen3MoeForCausalLM", "qwen2-moe": "Qwen2MoeForCausalLM"}
 
 
 def test_registered_and_listed(tiny_models):
@@ -172,7 +172,7 @@ def test_logits_equal_transformers(tiny_models, name):
     torch.testing.assert_close(torch.cat(got), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3-moe", "qwen2-moe"])
 def test_moe_routing_equals_transformers(tiny_models, name):
     """The same experts, in the same order, with the same weights as transformers' router, tied
     router probabilities included; routing is uneven; the block's output matches."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 NEW_FAMILIES: tuple[str, ...] = ("granite", "olmo2", "phi3", "gemma2", "gemma3", "mixtral",
-                                  "qwen3-moe")
+                                  "qwen3-moe", "qwen2-moe")
 
 #: Phi-3's original (pre-extension) context: every test prompt fits in it (see
 #: docs/ARCHITECTURE.md on LongRoPE) and the longer ones' generations cross it.
@@ -53,4 +53,9 @@ def family_config(family: str, common: dict[str, Any]) -> Any:
         return tf.Qwen3MoeConfig(**{**common, "num_hidden_layers": 3}, num_experts=8,
                                  num_experts_per_tok=3, moe_intermediate_size=48,
                                  norm_topk_prob=False, mlp_only_layers=[1])
+    if family == "qwen2-moe":  # shared expert, normalised top-2 of six, windowed first layer
+        return tf.Qwen2MoeConfig(**common, num_experts=6, num_experts_per_tok=2,
+                                 moe_intermediate_size=48, shared_expert_intermediate_size=80,
+                                 norm_topk_prob=True, use_sliding_window=True, sliding_window=20,
+                                 max_window_layers=2)
     raise ValueError(f"family: expected one of {', '.join(NEW_FAMILIES)}, got {family!r}")

@@ -1,5 +1,5 @@
-"""Mixture-of-experts decoders: Mixtral (``MixtralForCausalLM``) and Qwen3-MoE
-(``Qwen3MoeForCausalLM``).
+"""Mixture-of-experts decoders: Mixtral (``MixtralForCausalLM``), Qwen3-MoE
+(``Qwen3MoeForCausalLM``) and Qwen2-MoE (``Qwen2MoeForCausalLM``, with its shared expert).
 
 Routing is transformers' own: float32 softmax over the router logits, ``torch.topk`` (so equal
 probabilities pick the same experts in the same order), the top-k weights renormalised (always
@@ -18,6 +18,7 @@ from kvcli.model.config import ModelConfig
 from kvcli.model.decoder import GatedMLP, LayerSpec
 from kvcli.model.layers import Linear, gated_activation
 from kvcli.model.llama import Device, MistralForCausalLM
+from kvcli.model.qwen2 import Qwen2ForCausalLM, qwen_sliding_windows
 from kvcli.model.qwen3 import Qwen3ForCausalLM
 
 
@@ -73,6 +74,37 @@ class SparseMoE(nn.Module):
         return out
 
 
+class SharedExpertMoE(SparseMoE):
+    """Qwen2-MoE: the routed experts plus a dense ``shared_expert`` every row runs, scaled by
+    sigmoid(``shared_expert_gate``(x)) and added after the routed sum (transformers' order)."""
+
+    def __init__(self, cfg: ModelConfig, num_experts: int, top_k: int, size: int,
+                 normalize: bool, shared_size: int, dtype: torch.dtype, device: Device) -> None:
+        super().__init__(cfg, num_experts, top_k, size, normalize, "down_proj", dtype, device)
+        self.shared_expert = GatedMLP(cfg, False, cfg.hidden_act, dtype, device, shared_size)
+        self.shared_expert_gate = Linear(cfg.hidden_size, (1,), False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared
+
+
+def qwen_moe_layer(cfg: ModelConfig, layer: int, dtype: torch.dtype, device: Device,
+                   shared: bool) -> nn.Module:
+    """Dense for ``mlp_only_layers`` and off the ``decoder_sparse_step``, else the MoE block."""
+    experts = num_experts(cfg)
+    dense = cfg.field("mlp_only_layers", list, [])
+    step = cfg.field("decoder_sparse_step", int, 1)
+    if layer in dense or experts == 0 or (layer + 1) % step:
+        return GatedMLP(cfg, False, cfg.hidden_act, dtype, device)
+    args = (cfg, experts, cfg.field("num_experts_per_tok", int),
+            cfg.field("moe_intermediate_size", int), cfg.field("norm_topk_prob", bool, False))
+    if shared:
+        return SharedExpertMoE(*args, cfg.field("shared_expert_intermediate_size", int), dtype,
+                               device)
+    return SparseMoE(*args, "down_proj", dtype, device)
+
+
 def num_experts(cfg: ModelConfig) -> int:
     # Hub configs say num_experts (Qwen3-MoE) or num_local_experts; transformers 5 saves the latter.
     return cfg.field("num_local_experts", int, None) or cfg.field("num_experts", int)
@@ -103,11 +135,23 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def make_mlp(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device: Device
                  ) -> nn.Module:
-        experts = num_experts(cfg)
-        dense = cfg.field("mlp_only_layers", list, [])
-        step = cfg.field("decoder_sparse_step", int, 1)
-        if layer in dense or experts == 0 or (layer + 1) % step:
-            return GatedMLP(cfg, False, cfg.hidden_act, dtype, device)
-        return SparseMoE(cfg, experts, cfg.field("num_experts_per_tok", int),
-                         cfg.field("moe_intermediate_size", int),
-                         cfg.field("norm_topk_prob", bool, False), "down_proj", dtype, device)
+        return qwen_moe_layer(cfg, layer, dtype, device, shared=False)
+
+
+class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    numpy_decode_equivalent = False
+
+    def qkv_bias(self, cfg: ModelConfig) -> bool:
+        return cfg.field("qkv_bias", bool, True)
+
+    def sliding_windows(self, cfg: ModelConfig) -> list[int | None]:
+        if cfg.field("layer_types", list, None) is None and cfg.field("use_sliding_window", bool,
+                                                                     False):
+            # Qwen2MoeConfig's own derivation: every other layer below max_window_layers.
+            window, below = cfg.field("sliding_window", int), cfg.field("max_window_layers", int, 28)
+            return [window if (i + 1) % 2 and i < below else None for i in range(cfg.num_layers)]
+        return qwen_sliding_windows(cfg)
+
+    def make_mlp(self, cfg: ModelConfig, layer: int, dtype: torch.dtype, device: Device
+                 ) -> nn.Module:
+        return qwen_moe_layer(cfg, layer, dtype, device, shared=True)

@@ -20,6 +20,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("kvcli.model.gemma", "Gemma3ForCausalLM"),
     "MixtralForCausalLM": ("kvcli.model.moe", "MixtralForCausalLM"),
     "Qwen3MoeForCausalLM": ("kvcli.model.moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("kvcli.model.moe", "Qwen2MoeForCausalLM"),
 }
 
 
