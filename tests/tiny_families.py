@@ -2,8 +2,10 @@
 
 Each config switches on its family's special features at sizes where they matter inside a
 short test: multipliers far from 1 (Granite), LongRoPE with an original context the test's
-generations cross, partial rotary (Phi-3), soft-capping caps the random logits reach (Gemma 2),
-sliding windows shorter than the prompts and different local/global RoPE bases (Gemma 2/3).
+generations cross, partial rotary and a window on every layer (Phi-3), soft-capping caps the
+random logits reach (Gemma 2), sliding windows shorter than the prompts and different
+local/global RoPE bases (Gemma 2/3), more experts than top-k with uneven routing, normalised
+and not, a dense layer and a shared expert (MoE).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def family_config(family: str, common: dict[str, Any]) -> Any:
                 "original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT}
         return tf.Phi3Config(**common, rope_parameters=rope,
                              original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
-                             partial_rotary_factor=0.75)
+                             partial_rotary_factor=0.75, sliding_window=25)
     gemma = dict(common, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
                  sliding_window=11, tie_word_embeddings=True)
     if family == "gemma2":
