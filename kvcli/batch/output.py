@@ -101,6 +101,9 @@ class ResultFormatter:
 
     def _plain_choice(self, req: LineRequest, c: CompletionOutput) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
+        _, calls = _tool_calls(req, c)
+        if calls:
+            choice.update(tool_calls=calls, finish_reason="tool_calls")
         if c.logprobs is not None and req.params.logprobs is not None:
             choice["logprobs"] = plain_logprobs(c.token_ids, c.logprobs, req.params.logprobs,
                                                 self._decode)
@@ -129,8 +132,10 @@ class ResultFormatter:
 
     def _openai_choice(self, req: LineRequest, c: CompletionOutput, chat: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": c.index}
+        content, calls = _tool_calls(req, c) if chat else (c.text, [])
         if chat:
-            choice["message"] = {"role": "assistant", "content": c.text}
+            choice["message"] = {"role": "assistant", "content": content,
+                                 **({"tool_calls": calls} if calls else {})}
         else:
             choice["text"] = c.text
         k = req.params.logprobs
@@ -139,7 +144,8 @@ class ResultFormatter:
             logprobs = chat_logprobs(c.token_ids, c.logprobs, k, self._decode, self._raw_bytes)
         elif c.logprobs is not None and k is not None:
             logprobs = completion_logprobs(c.token_ids, c.logprobs, k, self._decode)
-        choice.update(logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        choice.update(logprobs=logprobs, finish_reason="tool_calls" if calls else c.finish_reason,
+                      stop_reason=c.stop_reason)
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
         return choice
@@ -164,6 +170,15 @@ class ResultFormatter:
                 raw = list(token_bytes(token_id))
             self._token_raw[token_id] = raw
         return raw
+
+
+def _tool_calls(req: LineRequest, c: CompletionOutput) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a reply that stopped on a line with tools (kvcli.structured)."""
+    if req.tool_format is None or c.finish_reason != "stop":
+        return c.text, []
+    from kvcli.structured.tools import parse_tool_calls
+
+    return parse_tool_calls(c.text, req.tool_format)
 
 
 def _completion_tokens(out: RequestOutput) -> int:

@@ -21,6 +21,7 @@ from kvcli.engine.request import SamplingParams
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
 from kvcli.inputs.fields import line_id
 from kvcli.structured import line_constraint
+from kvcli.structured.tools import check_tool_choice, tool_constraint
 
 _STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION}
 
@@ -31,6 +32,7 @@ class ParseOptions:
     strict: bool = False
     seed: int = 0  # run seed; a line without "seed" gets one derived from it and its id
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    tool_format: str | None = None  # the model's tool-call format (kvcli.structured.tools)
 
 
 def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
@@ -44,8 +46,10 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         style = _style(req)
         _check_supported(req)
         _constrain(req)
+        tool_format = _tool_calls(req, obj, opts.tool_format)
         params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
-        return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored)
+        return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored,
+                           tool_format)
     except LineError as err:
         return FailedLine(ident, style, err)
 
@@ -97,3 +101,26 @@ def _constrain(req: InputRequest) -> None:
         raise LineError.from_value_error(err) from None
     if constraint is not None:
         req.sampling["structured_outputs"] = constraint
+
+
+def _tool_calls(req: InputRequest, obj: dict[str, Any], fmt: str | None) -> str | None:
+    """``tool_choice``: "required" / a named function constrain the reply to calls in the
+    model's format; the format replies are parsed with (None: no parsing)."""
+    if req.format is Format.ANTHROPIC:  # its tool_choice has another shape: read by the audit
+        return None
+    body = obj.get("body") if req.prefix == "body." else obj
+    try:
+        choice = check_tool_choice(body.get("tool_choice"), req.prompt.tools,
+                                   f"{req.prefix}tool_choice")
+        if choice is None:
+            return None
+        constraint = tool_constraint(req.prompt.tools, choice, fmt, f"{req.prefix}tool_choice",
+                                     f"{req.prefix}tools", body.get("parallel_tool_calls") is not False)
+    except ValueError as err:
+        raise LineError.from_value_error(err) from None
+    if constraint is not None:
+        if "structured_outputs" in req.sampling:
+            raise LineError(f"{req.prefix}tool_choice", "conflicts with response_format / "
+                            "structured_outputs on the same line; give one of them")
+        req.sampling["structured_outputs"] = constraint
+    return None if choice == "none" else fmt

@@ -35,6 +35,7 @@ from kvcli.batch.source import (
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
 from kvcli.engine.request import SamplingParams
+from kvcli.structured.tools import tool_call_format
 
 
 @dataclass(slots=True)
@@ -220,7 +221,9 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     # The parser leaves max_tokens unset where the line does; the job then fits the default
     # to the prompt, and only an explicit value can overflow the context.
     defaults = replace(cfg.sampling, max_tokens=None)
-    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes),
+    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
+    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
+                                   tool_format),
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
                       cfg.sampling.max_tokens, cfg.clamp_max_tokens)
     formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,

@@ -64,7 +64,7 @@ class InputRequest:
 
 _META = (*ID_FIELDS, *SESSION_KEYS, "metadata", "cache_salt", "model")
 PLAIN_FIELDS = (*_META, *SAMPLING_FIELDS, "prompt", "text", "messages", "prompt_token_ids",
-                "tools", "response_format")
+                "tools", "tool_choice", "parallel_tool_calls", "response_format")
 ANTHROPIC_FIELDS = (*_META, "messages", "system", "tools", "tool_choice", "max_tokens",
                     "temperature", "top_p", "top_k", "stop_sequences", "stream", "thinking")
 _ANTHROPIC_SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
