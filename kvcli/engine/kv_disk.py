@@ -17,7 +17,6 @@ copy into touched memory 6 ms.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ import numpy as np
 import torch
 
 from kvcli.hashing import BlockHash
-from kvcli.kvstore import DEFAULT_MAX_BYTES, ModelFingerprint, WriteBehind, open_model_store
-from kvcli.kvstore.fingerprint import weights_digest
+from kvcli.kvstore import DEFAULT_MAX_BYTES, WriteBehind, open_model_store
+from kvcli.kvstore.fingerprint import model_fingerprint
 from kvcli.kvstore.store import ModelStore
 
 MAX_SPARE_BYTES = 32 << 20  # copy-out buffers kept for reuse after their block is written
@@ -128,11 +127,8 @@ def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir:
     """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
     from kvcli.model.resolve import kvcli_home
 
-    cfg = model.config
-    fingerprint = ModelFingerprint(
-        weights_sha256=weights_digest(model_dir, kvcli_home() / "file-digests"),
-        architecture=cfg.architecture, dtype=str(kv.dtype).removeprefix("torch."),
-        device_type=kv.device.type, block_size=block_size, num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope), label=label)
+    fingerprint = model_fingerprint(model.config, model_dir, str(kv.dtype).removeprefix("torch."),
+                                    kv.device.type, block_size, label,
+                                    kvcli_home() / "file-digests")
     store = open_model_store(cache_dir, fingerprint)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)

@@ -50,6 +50,16 @@ class ModelFingerprint:
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).digest()
 
 
+def model_fingerprint(cfg: Any, model_dir: Path, dtype: str, device_type: str, block_size: int,
+                      label: str = "", digest_cache: Path | None = None) -> ModelFingerprint:
+    """The fingerprint of a model from its ``ModelConfig`` (kvcli/model/config.py, torch-free),
+    so the engine and a torch-free caller (the audit) compute the same key."""
+    return ModelFingerprint(
+        weights_sha256=weights_digest(model_dir, digest_cache), architecture=cfg.architecture,
+        dtype=dtype, device_type=device_type, block_size=block_size, num_layers=cfg.num_layers,
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope), label=label)
+
+
 def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:
     """sha256 over the names and contents of ``config.json`` and the weight files."""
     files = sorted(p for p in Path(model_dir).iterdir()

@@ -71,6 +71,10 @@ class ModelStore:
     def contains(self, block_hash: bytes) -> bool:
         return self.path(block_hash).exists()
 
+    def __contains__(self, block_hash: object) -> bool:
+        """``hash in store``: a Container of the hashes on disk (for hit predictions)."""
+        return isinstance(block_hash, bytes) and self.contains(block_hash)
+
     # -------------------------------------------------------------------- read
     def read(self, block_hash: bytes) -> memoryview | None:
         """The block's verified payload, or None: not there or not usable.
