@@ -102,6 +102,7 @@ class BatchJob:
                 return self._outcome(stop.exit_code, stop.name)
         if self._failed_fast:
             return self._outcome(EXIT_FAILED, "fail-fast")
+        self._warn_tools_ignored()
         return JobOutcome(EXIT_FAILED if self.counters.failed else EXIT_OK, "completed",
                           self.counters)
 
@@ -145,7 +146,7 @@ class BatchJob:
             return
         self._warn_ignored(parsed, raw.line_no)
         try:
-            ids = self.encoder.encode(parsed.prompt)
+            ids = self.encoder.encode(parsed.prompt, raw.line_no)
             self._fit_max_tokens(parsed.params, len(ids))
             self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         except LineError as err:
@@ -222,7 +223,16 @@ class BatchJob:
         self._pending.clear()
         return n
 
+    def _warn_tools_ignored(self) -> None:
+        """Once per run: the template renders the same prompt with and without ``tools``."""
+        lines = self.encoder.tools_ignored
+        if lines:
+            self.reporter.error(f"kvcli generate: warning: the model's chat template ignores "
+                                f"`tools`; they were dropped from {len(lines)} line"
+                                f"{'s' if len(lines) != 1 else ''} (first: line {lines[0]})")
+
     def _outcome(self, code: int, status: str) -> JobOutcome:
+        self._warn_tools_ignored()
         return JobOutcome(code, status, self.counters, self._abort_pending())
 
     def _stopped_by_output_error(self, err: OSError) -> JobOutcome:

@@ -193,7 +193,8 @@ def _resume(cfg: GenerateConfig) -> ResumeState:
         print(f"kvcli generate: {cfg.output}: removed a partial last line "
               f"({state.truncated_bytes} bytes) left by an interrupted run", file=sys.stderr)
     if not cfg.quiet:
-        print(f"kvcli generate: resuming: {len(state.done)} requests already in {cfg.output}",
+        n = len(state.done)
+        print(f"kvcli generate: resuming: {n} request{'s' if n != 1 else ''} already in {cfg.output}",
               file=sys.stderr)
     return state
 
