@@ -52,3 +52,18 @@ def test_blocks_already_on_disk_are_not_copied_again(tmp_path):
     t.save([(0, b"a" * 32), (1, b"b" * 32)])
     t.close()
     assert t.store.stats.written_blocks == 2 and t.store.stats.dropped_blocks == 0
+
+
+def test_a_report_during_the_run_does_not_wait_for_the_disk(tmp_path):
+    import threading
+
+    kv = torch.randn(LAYERS, 2, BLOCKS * BS, HEADS, DIM)
+    t = tier(tmp_path, kv, True)
+    gate = threading.Event()
+    real_write = t.store.write
+    t.store.write = lambda h, p: (gate.wait(), real_write(h, p))[1]  # a stalled disk
+    t.save([(0, b"a" * 32), (1, b"b" * 32)])
+    assert t.report(0, flush=False)["written_blocks"] == 0  # returned at once
+    gate.set()
+    assert t.report(0)["written_blocks"] == 2
+    t.close()

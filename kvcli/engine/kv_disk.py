@@ -108,9 +108,11 @@ class DiskKVTier:
         if (len(self._spare) + 1) * self.block_bytes <= MAX_SPARE_BYTES:
             self._spare.append(buf)
 
-    def report(self, hit_tokens: int) -> dict[str, Any]:
-        """The run's disk-cache numbers (writes flushed first, so they are complete)."""
-        self.writer.flush()
+    def report(self, hit_tokens: int, flush: bool = True) -> dict[str, Any]:
+        """The disk-cache numbers so far; ``flush`` waits for queued writes first, so the
+        write counts are complete (never while steps run: Ray workers report periodically)."""
+        if flush:
+            self.writer.flush()
         stats = self.store.stats.to_dict()
         load_gb_s = self.store.stats.bytes_read / self.load_s / 1e9 if self.load_s else None
         return {"dir": str(self.store.root), "hit_tokens": hit_tokens, **stats,

@@ -292,8 +292,9 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         stats = self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)
-        if self.disk is not None:
-            stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits)
+        if self.disk is not None:  # queued writes are waited for only once the run is done
+            stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits,
+                                                   flush=not self.has_unfinished())
         return stats
 
     def close(self) -> None:
