@@ -60,7 +60,7 @@ def generate(*args: str, input: str):
     return res, {r.get("custom_id") or r["id"]: r for r in map(json.loads, res.stdout.splitlines())}
 
 
-def test_generate_constrained_batch(tiny_models):
+def test_generate_constrained_batch(tiny_models, tmp_path):
     """Schema lines validate whenever they stop; a bad schema and an uncompilable regex are
     their lines' errors (exit 1) and every other line is done."""
     lines = [chat_line({"messages": MSGS, "max_tokens": 60, "response_format": rf(SCHEMA)},
@@ -74,7 +74,8 @@ def test_generate_constrained_batch(tiny_models):
          "body": {"prompt": "Ticket:", "max_tokens": 40, "response_format": {"type": "json_object"}}},
         {"id": "free", "prompt": "Once upon a time", "max_tokens": 5},
     ]
-    res, out = generate("-", "--model", str(tiny_models["qwen2"]), "-q",
+    stats = tmp_path / "stats.json"
+    res, out = generate("-", "--model", str(tiny_models["qwen2"]), "-q", "--stats", str(stats),
                         input="".join(json.dumps(x) + "\n" for x in lines))
     assert res.exit_code == 1, res.stderr
     assert out["bad-schema"]["error"]["param"] == \
@@ -89,3 +90,13 @@ def test_generate_constrained_batch(tiny_models):
     cmpl = out["cmpl"]["response"]["body"]["choices"][0]
     assert cmpl["finish_reason"] == "stop" and isinstance(json.loads(cmpl["text"]), dict)
     assert out["free"]["finish_reason"] in ("stop", "length")
+    counts = json.loads(stats.read_text())["structured"]
+    finished = [out[k] for k in ("t0", "t1", "t2", "choice", "cmpl")]
+    stopped = sum(_finish(r) == "stop" for r in finished)
+    assert (counts["requests"], counts["completed"], counts["invalid"]) == (5, stopped, 0)
+    assert counts["cut"] == 5 - stopped and counts["grammars_compiled"] == 3
+
+
+def _finish(result: dict) -> str:
+    body = result.get("response")
+    return body["body"]["choices"][0]["finish_reason"] if body else result["finish_reason"]

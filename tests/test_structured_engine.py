@@ -144,3 +144,31 @@ def test_padding_ids_beyond_the_tokenizer_are_masked(tiny_models, tmp_path):
     out = llm.generate([prompt], SamplingParams(max_tokens=30, structured_outputs=so))[0]
     assert max(out.outputs[0].token_ids) < vocab
     assert ConstrainedReference(padded, 30).compare(prompt, out.outputs[0].token_ids, so) == 0
+
+
+def test_finished_outputs_are_counted_and_rechecked(llm):
+    """engine.stats()["structured"]: samples, those ended by their grammar and re-checked
+    (json parsed and validated, choices looked up), those cut by max_tokens."""
+    engine = llm.engine
+    before = dict(engine.stats()["structured"]) if engine.structured else None
+    choice = StructuredOutputsParams(choice=["red", "green"])
+    llm.generate([[5, 6, 7], [8, 9]], [SamplingParams(max_tokens=10, structured_outputs=choice),
+                                       SamplingParams(max_tokens=1, structured_outputs=choice,
+                                                      n=2, temperature=1.0)])
+    after = engine.stats()["structured"]
+    base = before or {"requests": 0, "completed": 0, "cut": 0, "invalid": 0}
+    assert after["requests"] - base["requests"] == 3
+    assert after["completed"] - base["completed"] == 1 and after["invalid"] == base["invalid"]
+    assert after["cut"] - base["cut"] == 2  # one token cannot be a choice and its end
+
+
+def test_is_valid_checks_independently():
+    from kvcli.structured.validity import is_valid
+
+    schema = StructuredOutputsParams(json=SCHEMA)
+    assert is_valid(schema, '{"n": 1, "ok": true}', True)
+    assert not is_valid(schema, '{"n": "1", "ok": true}', True)
+    assert not is_valid(StructuredOutputsParams(json_object=True), "[1]", True)
+    assert is_valid(StructuredOutputsParams(regex="[0-9]{2}"), "42", False)
+    assert not is_valid(StructuredOutputsParams(regex="[0-9]{2}"), "4", True)
+    assert is_valid(StructuredOutputsParams(grammar='root ::= "a"'), "a", True)

@@ -73,7 +73,8 @@ ENGINE_KEYS = ("prefill_tokens_computed", "prefill_tokens_skipped", "decode_toke
                "peak_kv_utilization", "evicted_blocks", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
                # from a pool of engines (--ray): per-worker rows, and one engine's predicted hits
                "workers", "single_engine_cached_tokens", "single_engine_hit_rate",
-               "disk_cache")  # --kv-cache-dir (kvcli/engine/kv_disk.py)
+               "disk_cache",  # --kv-cache-dir (kvcli/engine/kv_disk.py)
+               "structured")  # constrained lines (kvcli/structured/validity.py)
 
 
 def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
@@ -117,7 +118,16 @@ def format_summary(s: dict[str, Any], output_name: str) -> str:
         lines.extend(_worker_lines(s))
     if "disk_cache" in s:
         lines.append(_disk_line(s["disk_cache"]))
+    if "structured" in s:
+        lines.append(_structured_line(s["structured"]))
     return "\n".join(lines)
+
+
+def _structured_line(d: dict[str, Any]) -> str:
+    return (f"  structured    {d['requests']:,} constrained, {d['completed']:,} completed by their "
+            f"grammar ({d['invalid']} invalid), {d['cut']:,} cut by max_tokens or stop; "
+            f"{d['grammars_compiled']} grammars compiled in {d['compile_s']:.2f} s, "
+            f"masks {d['mask_s']:.2f} s")
 
 
 def _disk_line(d: dict[str, Any]) -> str:

@@ -271,6 +271,8 @@ class LLMEngine:
                 i, final_text(r, self.tokenizer.decode), list(r.output_token_ids),
                 r.status.value, r.logprobs if r.sampling_params.logprobs is not None else None,
                 r.stop_reason))
+            if self.structured is not None:
+                self.structured.on_finished(r, outs[-1].text)
             self._forget(r)
         first = group[0]
         ttft = None if first.first_token_time is None else first.first_token_time - first.arrival_time
@@ -295,6 +297,8 @@ class LLMEngine:
         if self.disk is not None:  # queued writes are waited for only once the run is done
             stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits,
                                                    flush=not self.has_unfinished())
+        if self.structured is not None:
+            stats["structured"] = self.structured.report()
         return stats
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import torch
 from kvcli.engine.request import Request
 from kvcli.structured.grammars import GrammarCache
 from kvcli.structured.params import StructuredOutputsParams
+from kvcli.structured.validity import StructuredStats, is_valid
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ class StructuredDecoding:
         self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids)
         self.vocab_size = vocab_size
         self._matchers: dict[str, _Matcher] = {}
-        self.mask_s = 0.0  # time spent filling and applying masks (profiling)
+        self.stats = StructuredStats()
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The compiled grammar (``ValueError("field: reason")`` when it cannot be built)."""
@@ -46,6 +47,25 @@ class StructuredDecoding:
         import xgrammar as xgr
 
         self._matchers[request_id] = _Matcher(xgr.GrammarMatcher(compiled))
+
+    def on_finished(self, req: Request, text: str) -> None:
+        """Count a finished constrained sample; one that ended by its grammar is re-checked."""
+        state = self._matchers.get(req.request_id)
+        if state is None:
+            return
+        self.stats.requests += 1
+        if req.stop_reason not in req.eos_token_ids or req.error is not None:
+            self.stats.cut += 1
+            return
+        self.stats.completed += 1
+        done = bool(state.matcher.is_terminated())
+        if not is_valid(req.sampling_params.structured_outputs, text, done):
+            self.stats.invalid += 1
+
+    def report(self) -> dict[str, Any]:
+        self.stats.grammars_compiled = self.grammars.num_compiled
+        self.stats.compile_s = self.grammars.compile_s
+        return self.stats.to_dict()
 
     def forget(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
@@ -67,7 +87,7 @@ class StructuredDecoding:
         for i in rows:
             self._synced(requests[i]).fill_next_token_bitmask(bitmask, i)
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
-        self.mask_s += time.perf_counter() - t0
+        self.stats.mask_s += time.perf_counter() - t0
 
     def accept(self, req: Request, token_id: int) -> bool:
         """Advance ``req``'s matcher by its newest token; False if the grammar rejects it."""
