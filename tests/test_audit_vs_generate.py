@@ -22,7 +22,22 @@ def _rows() -> list[dict]:
             for i, q in enumerate(questions)]
     rows.append({"id": "plain", "prompt": SYSTEM + " Once upon a time"})
     rows.append({"id": "salted", "cache_salt": "tenant-b", "messages": rows[0]["messages"]})
+    rows += _structured_rows(rows[0]["messages"])
     return rows
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _structured_rows(messages: list[dict]) -> list[dict]:
+    """Lines with a schema and with tools: the constraint changes no prompt token, the tools do
+    (the template renders them), and the audit predicts both."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    return [{"id": "schema", "messages": messages, "response_format": fmt},
+            {"id": "tools", "messages": messages, "tools": TOOLS},
+            {"id": "tools-again", "messages": messages, "tools": TOOLS, "tool_choice": "none"}]
 
 
 @pytest.mark.parametrize("max_num_seqs", ["1", "64"])
@@ -44,3 +59,4 @@ def test_generate_cached_tokens_equal_audit_prediction(tmp_path: Path, tiny_mode
     assert all(c > 0 for c in actual[1:4])  # the shared system prompt is served from the cache
     assert actual[4] == 0  # a plain prompt does not start with the chat template
     assert actual[5] == 0  # another tenant's salt never shares a block
+    assert actual[6] > 0 and actual[8] > actual[7]  # schema: same prompt; tools: cached again
