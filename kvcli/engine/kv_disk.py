@@ -78,7 +78,7 @@ class DiskKVTier:
         room = len(todo)
         while room and not self.writer.has_room(room * self.block_bytes):
             room -= 1
-        self.store.stats.dropped_blocks += len(todo) - room
+        self.writer.count_dropped(len(todo) - room)
         todo = todo[:room]
         if self._host is None:
             self._save_from_device(todo)

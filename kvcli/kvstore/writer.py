@@ -51,6 +51,11 @@ class WriteBehind:
         with self._lock:
             return self._pending_bytes + nbytes <= self.max_pending_bytes
 
+    def count_dropped(self, n: int) -> None:
+        """Blocks not written; under the lock, as both threads count them."""
+        with self._lock:
+            self.store.stats.dropped_blocks += n
+
     def offer(self, block_hash: bytes, payload: memoryview,
               done: Callable[[], None] | None = None) -> bool:
         """Queue one block; False (counted as dropped) when stopped or the queue is full.
@@ -59,7 +64,7 @@ class WriteBehind:
         False is returned), so the caller may recycle the payload's buffer.
         """
         if not self.has_room(len(payload)):
-            self.store.stats.dropped_blocks += 1
+            self.count_dropped(1)
             return False
         with self._lock:
             self._pending_bytes += len(payload)
@@ -96,7 +101,7 @@ class WriteBehind:
 
     def _write(self, block_hash: bytes, payload: memoryview) -> None:
         if self.stopped:
-            self.store.stats.dropped_blocks += 1
+            self.count_dropped(1)
             return
         try:
             if self._total is None:
@@ -108,7 +113,7 @@ class WriteBehind:
                 self._total = result.kept_bytes
         except OSError as err:
             self.stopped = True
-            self.store.stats.dropped_blocks += 1
+            self.count_dropped(1)
             self.store.stats.write_error = f"{err.strerror or err}"
             log.warning("kvcli: cannot write the KV cache in %s (%s); caching to disk stops for "
                         "this run, results are not affected", self.store.root,
