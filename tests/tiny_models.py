@@ -11,6 +11,7 @@ logits, and greedy top-2 logits are rarely near-ties.
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def add(a, b):
 """
 
 
+@cache  # ~2 s to train, and every fixture uses the same one (read-only: saved, not changed)
 def train_tokenizer() -> Any:
     """A byte-level BPE (GPT-2 style) trained on CORPUS, wrapped for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
