@@ -103,6 +103,9 @@ _ENGINE_OPTIONS = [
                  default="float32", show_default=True),
     click.option("--allow-pickle", is_flag=True,
                  help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
+    click.option("--quantization", type=click.Choice(["int8", "gguf"]),
+                 help="Quantized weights on CPU: int8 (per output channel, quantized at load) or "
+                      "gguf (a GGUF model's own tensor types, memory-mapped). Default: float."),
     click.option("--kv-cache-dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR", callback=_cache_dir,
                  help="Persistent prefix cache: full KV blocks are kept in DIR across runs and "
                       "processes, and prefixes missing in memory are loaded from it "
@@ -233,4 +236,5 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "allow_pickle": opts["allow_pickle"], "seed": opts["seed"], "quiet": opts["quiet"],
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
+        "quantization": opts["quantization"],
     }

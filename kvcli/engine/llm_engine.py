@@ -45,6 +45,7 @@ class EngineConfig:
     quiet: bool = False  # no model conversion or download progress on stderr
     kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
     kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
+    quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
 
 
 class LLMEngine:
@@ -122,8 +123,14 @@ class LLMEngine:
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
-        model = load_model(model_dir, dtype=getattr(torch, config.dtype), device=config.device,
-                           allow_pickle=config.allow_pickle)
+        if config.quantization:
+            from kvcli.model.quant import load_quantized
+
+            model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
+                                   config.device, config.allow_pickle)
+        else:
+            model = load_model(model_dir, dtype=getattr(torch, config.dtype),
+                               device=config.device, allow_pickle=config.allow_pickle)
         eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
         return cls(model, tokenizer, config, eos, model_dir=model_dir)
 

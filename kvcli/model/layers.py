@@ -36,6 +36,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ``weight`` is ``[out, in]``; :func:`use_input_major_layout` stores it as a transposed view of
     an ``[in, out]`` buffer, which is the layout OpenBLAS and the native kernel stream fastest.
     """
+    if not isinstance(weight, torch.Tensor):  # a quantized weight (kvcli/model/quant)
+        return weight.linear(x, bias)
     rows = x.shape[0] if x.dim() == 2 else NATIVE_GEMM_MAX_ROWS + 1
     if (
         rows <= NATIVE_GEMM_MAX_ROWS

@@ -24,7 +24,7 @@ import torch
 log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n)
-                for n in ("pool.c", "gemm.c", "paged_attention.c", "elementwise.c"))
+                for n in ("pool.c", "gemm.c", "paged_attention.c", "elementwise.c", "qgemm.c"))
 HEADERS = (Path(__file__).with_name("pool.h"),)
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
@@ -97,6 +97,10 @@ def load() -> ctypes.CDLL | None:
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
     for name in ("kvcli_gemm", "kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
         getattr(lib, name).restype = None
+    # Quantized weights (qgemm.c; called from kvcli/model/quant/weights.py).
+    lib.kvcli_qgemm.argtypes = [I64, F32P, F32P, F32P, F32P, F32P, *[I64] * 4]
+    lib.kvcli_qdequant.argtypes = [I64, F32P, F32P, I64P, F32P, *[I64] * 3]
+    lib.kvcli_qgemm.restype = lib.kvcli_qdequant.restype = ctypes.c_int
     return lib
 
 

@@ -1,0 +1,59 @@
+"""Quantized weights on CPU (issue 21): ``--quantization int8`` and ``--quantization gguf``.
+
+- ``int8``: a safetensors (or converted) model is loaded in float32 and each matrix quantized
+  at load, symmetric per output channel; the embedding too (it is the tied output layer).
+- ``gguf``: a model that came from a GGUF file (the default model, a ``.gguf`` spec) runs the
+  file's own tensors, memory-mapped, in their own types (Q8_0, Q4_0, Q4_1; F16/F32 as float32);
+  the float32 conversion is not read (its config and tokenizer are).
+
+Quality is measured, not asserted (docs/BENCHMARKS.md); float32 stays the default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kvcli.model.quant.weights import QuantError, QuantWeight
+
+MODES = ("int8", "gguf")
+
+__all__ = ["MODES", "QuantError", "QuantWeight", "available_modes", "gguf_source", "load_quantized"]
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a converted model directory came from, if it still exists."""
+    from kvcli.model.convert import read_record
+
+    record = read_record(Path(model_dir))
+    source = Path(record.source) if record is not None else None
+    return source if source is not None and source.is_file() else None
+
+
+def available_modes(model_dir: Path | None, gguf_file: Path | None = None) -> list[str]:
+    """What ``--quantization`` accepts for a model: int8 for any loadable model, gguf where a
+    GGUF file is behind it."""
+    has_gguf = gguf_file is not None or (model_dir is not None and gguf_source(model_dir))
+    return ["int8", "gguf"] if has_gguf else ["int8"]
+
+
+def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype = torch.float32,
+                   device: str = "cpu", allow_pickle: bool = False) -> nn.Module:
+    """The model of ``model_dir`` with ``mode``'s quantized weights (CPU, float32 activations)."""
+    from kvcli.model.loader import build_model, load_model, read_model_config
+    from kvcli.model.quant.apply import load_gguf_model, quantize_int8_model
+
+    if mode not in MODES:
+        raise QuantError(f"--quantization: expected one of {', '.join(MODES)}, got {mode!r}")
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        raise QuantError(f"--quantization {mode}: runs on CPU with float32 activations "
+                         f"(--device cpu --dtype float32), got {device} / {dtype}")
+    if mode == "int8":
+        return quantize_int8_model(load_model(model_dir, dtype, device, allow_pickle))
+    source = gguf_source(model_dir)
+    if source is None:
+        raise QuantError(f"--quantization gguf: {model_dir} was not converted from a GGUF file "
+                         "(use --model FILE.gguf or the default model, or --quantization int8)")
+    return load_gguf_model(build_model(read_model_config(model_dir), dtype, device), source).eval()

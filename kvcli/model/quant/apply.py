@@ -1,0 +1,96 @@
+"""Put quantized weights into a built kvcli model: ``int8`` quantizes a loaded float32 model's
+matrices; ``gguf`` fills an empty model from a GGUF file's tensors in their own types.
+
+Every Linear's weight becomes a :class:`QuantWeight` (``layers.linear`` runs it), and the
+token embedding a :class:`QuantEmbedding`, whose rows are de-quantized per look-up and which
+is also the tied output layer. Norms stay float32, and so do activations and the KV cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kvcli.model.layers import Embedding, Linear
+from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
+from kvcli.model.quant.gguf_weights import gguf_tensors
+from kvcli.model.quant.weights import QuantError, QuantWeight, quantize_int8
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept quantized; ``weight`` doubles as a tied output layer's weight."""
+
+    def __init__(self, weight: QuantWeight) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.dequantize(ids).reshape(*ids.shape, self.weight.shape[1])
+
+
+def _set_linear_weight(linear: Linear, weight: QuantWeight) -> None:
+    del linear.weight  # drop the float Parameter: the float32 matrix is freed with it
+    linear.weight = weight
+
+
+def _finish(model: nn.Module) -> nn.Module:
+    # The fused one-row NumPy decoder reads float32 matrices directly: quantized models take
+    # the torch path, whose matmuls come back here through layers.linear.
+    if hasattr(model, "_numpy_decoder"):
+        model._numpy_decoder = None
+    return model
+
+
+@torch.no_grad()
+def quantize_int8_model(model: nn.Module) -> nn.Module:
+    """Every Linear (and the embedding, tied output layer included) to per-channel int8."""
+    for module in list(model.modules()):
+        if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
+            _set_linear_weight(module, quantize_int8(module.weight))
+    embed = model.model.embed_tokens
+    if isinstance(embed, Embedding):
+        model.model.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
+    return _finish(model)
+
+
+def _stack(parts: list[QuantWeight], where: str) -> QuantWeight:
+    """q/k/v (or gate/up) as one weight: rows concatenated, which needs one shared type."""
+    kinds = {p.kind for p in parts}
+    if len(kinds) != 1:
+        raise QuantError(f"{where}: fused projections in different types {sorted(kinds)} "
+                         "are not supported yet")
+    out_features = sum(p.shape[0] for p in parts)
+    data = torch.cat([p.data for p in parts]) if len(parts) > 1 else parts[0].data
+    return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
+
+
+@torch.no_grad()
+def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
+    """Fill an empty model (``loader.build_model``) from the GGUF at ``path``."""
+    params = dict(model.named_parameters())
+    pending: dict[str, dict[int, QuantWeight]] = {}
+    loaded: set[str] = set()
+    for name, value in gguf_tensors(path):
+        target, shard = _destination(model, name)
+        if isinstance(value, QuantWeight):
+            module = model.get_submodule(target.rsplit(".", 1)[0])
+            if isinstance(module, Embedding):
+                model.model.embed_tokens = QuantEmbedding(value)
+            else:
+                pending.setdefault(target, {})[shard or 0] = value
+        elif target in params:
+            params[target].copy_(value.reshape(params[target].shape))
+        else:
+            raise QuantError(f"{path}: tensor for {name} has no float parameter in the model")
+        loaded.add(target)
+    for target, parts in pending.items():
+        module = model.get_submodule(target.rsplit(".", 1)[0])
+        if len(parts) != len(module.output_sizes):
+            raise QuantError(f"{path}: {target} lacks some of its {len(module.output_sizes)} parts")
+        _set_linear_weight(module, _stack([parts[i] for i in sorted(parts)], target))
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
+    return _finish(model)

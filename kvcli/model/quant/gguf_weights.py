@@ -1,0 +1,83 @@
+"""The tensors of a llama-architecture GGUF, in their own types, under kvcli's parameter names.
+
+``gguf.GGUFReader`` memory-maps the file; every quantized tensor is a ``[out, row bytes]``
+uint8 view of it, so nothing is de-quantized at load. Names follow llama.cpp's
+(``blk.N.attn_q.weight``); the q/k rows, which llama.cpp's converter reorders for its RoPE
+layout, are put back in Hugging Face order (a permutation of whole rows, so it works on packed
+rows as well as on floats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvcli.model.quant.weights import NATIVE_TYPES, QuantError, QuantWeight
+
+# llama.cpp name within a block -> transformers' module path within a layer
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}  # fmt: skip
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+_FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: used as they are (as float32)
+
+
+def hf_name(gguf_name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    raise QuantError(f"GGUF tensor {gguf_name!r} has no place in a llama model")
+
+
+def _unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's q/k reordering (``reshape(n_head, 2, r/n_head/2).swapaxes``)."""
+    n = rows.shape[0]
+    return rows.reshape(n_head, n // n_head // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(
+        rows.shape)
+
+
+def _field_int(reader, key: str) -> int:
+    field = reader.fields.get(key)
+    if field is None:
+        raise QuantError(f"GGUF metadata {key!r} is missing")
+    return int(field.contents())
+
+
+def gguf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
+    """(transformers name, float32 tensor or QuantWeight) for every tensor of the file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path), "c")  # copy-on-write: writable views, file untouched
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise QuantError(f"{path}: --quantization gguf runs llama-architecture GGUFs; this one is "
+                         f"{arch!r} (run it without --quantization, converted to float32)")
+    heads = {"attn_q": _field_int(reader, "llama.attention.head_count"),
+             "attn_k": _field_int(reader, "llama.attention.head_count_kv")}
+    for tensor in reader.tensors:
+        kind, data = int(tensor.tensor_type), tensor.data
+        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        if part in heads:
+            data = _unpermute_rows(data, heads[part])
+        name = hf_name(tensor.name)
+        if kind in _FLOAT_TYPES:
+            shape = tuple(int(d) for d in reversed(tensor.shape))
+            yield name, torch.from_numpy(np.asarray(data, dtype=np.float32).reshape(shape))
+        elif kind in NATIVE_TYPES:
+            out_features, in_features = int(tensor.shape[1]), int(tensor.shape[0])
+            yield name, QuantWeight(kind, torch.from_numpy(np.asarray(data)),
+                                    (out_features, in_features))
+        else:
+            raise QuantError(f"{path}: tensor {tensor.name!r} is "
+                             f"{tensor.tensor_type.name}; --quantization gguf runs "
+                             f"{', '.join(sorted(gguf.GGMLQuantizationType(t).name for t in NATIVE_TYPES - {24}))}, F16 and F32")

@@ -1,0 +1,109 @@
+"""A quantized weight matrix and its matmul: what ``layers.linear`` runs when a Linear's weight
+is not a float tensor.
+
+The packed bytes stay in their storage format (GGUF blocks, or kvcli's int8 rows plus one
+float32 scale per output channel). Decode-sized calls (at most ``DIRECT_MAX_ROWS`` rows) run
+native/qgemm.c, which de-quantizes in registers; larger ones de-quantize the matrix to float32
+(native, threaded) and use torch's float32 GEMM, whose packed MKL kernel is the fastest here for
+hundreds of rows. Without a C compiler the matrix is de-quantized once and kept as float32.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvcli.model import native
+
+# GGML type ids (gguf.GGMLQuantizationType) of the formats the native kernel runs; I8 is kvcli's
+# per-output-channel int8 (GGML's I8 id: an int8 per weight; the scales live beside it).
+Q4_0, Q4_1, Q8_0, I8 = 2, 3, 8, 24
+NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q8_0, I8})
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, I8: 32}  # per 32 weights
+DIRECT_MAX_ROWS = int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64"))
+
+
+class QuantError(ValueError):
+    """A weight that cannot be quantized or run in the requested mode."""
+
+
+@dataclass(eq=False)
+class QuantWeight:
+    """``[out, in]`` weights; ``data`` is ``[out, row bytes]`` uint8 (or int8 for I8)."""
+
+    kind: int
+    data: torch.Tensor
+    shape: tuple[int, int]
+    scale: torch.Tensor | None = None  # float32 [out], I8 only
+    _dense: torch.Tensor | None = field(default=None, repr=False)
+
+    dtype = torch.float32  # what it computes in (activations and outputs)
+    device = torch.device("cpu")
+
+    def __post_init__(self) -> None:
+        out_features, in_features = self.shape
+        if in_features % 32 or self.data.shape[0] != out_features:
+            raise QuantError(f"quantized weight {self.shape}: rows must hold whole 32-blocks")
+        self.data = self.data.contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.scale is None else self.scale.numel() * 4
+        return self.data.numel() * self.data.element_size() + extra
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``."""
+        lead, in_features = x.shape[:-1], self.shape[1]
+        x2 = x.reshape(-1, in_features).float().contiguous()
+        lib = native.load() if self.kind in NATIVE_TYPES else None
+        if lib is not None and x2.shape[0] <= DIRECT_MAX_ROWS:
+            y = x2.new_empty((x2.shape[0], self.shape[0]))
+            status = lib.kvcli_qgemm(
+                self.kind, x2.data_ptr(), self.data.data_ptr(), _ptr(self.scale),
+                _ptr(None if bias is None else bias.float().contiguous()), y.data_ptr(),
+                x2.shape[0], self.shape[0], in_features, native.num_threads())
+            if status == 0:
+                return y.reshape(*lead, self.shape[0])
+        return F.linear(x2, self.dequantize(), bias).reshape(*lead, self.shape[0])
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 ``[len(rows) or out, in]``: the given rows (all when None) de-quantized."""
+        if self._dense is not None:
+            return self._dense if rows is None else self._dense[rows]
+        lib = native.load() if self.kind in NATIVE_TYPES else None
+        if lib is None:  # no compiler: de-quantize once, keep float32 (the torch path)
+            self._dense = torch.from_numpy(self._dequantize_numpy())
+            return self.dequantize(rows)
+        idx = None if rows is None else rows.reshape(-1).to(torch.int64).contiguous()
+        count = self.shape[0] if idx is None else idx.numel()
+        out = torch.empty((count, self.shape[1]), dtype=torch.float32)
+        lib.kvcli_qdequant(self.kind, self.data.data_ptr(), _ptr(self.scale), _ptr(idx),
+                           out.data_ptr(), count, self.shape[1], native.num_threads())
+        return out
+
+    def _dequantize_numpy(self) -> np.ndarray:
+        if self.kind == I8:
+            assert self.scale is not None
+            return (self.data.float() * self.scale[:, None]).numpy()
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        flat = dequantize(self.data.numpy(), GGMLQuantizationType(self.kind))
+        return np.ascontiguousarray(flat.reshape(self.shape), dtype=np.float32)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantWeight:
+    """Symmetric per-output-channel int8: ``scale = max|w_row| / 127``, ``q = round(w / scale)``."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantWeight(I8, q.contiguous(), tuple(w.shape), scale.contiguous())

@@ -1,0 +1,146 @@
+"""Quantized models end to end: ``--quantization gguf`` on a tiny GGUF written with Q8_0, Q4_0 and
+Q4_1 tensors, ``--quantization int8`` on a tiny safetensors model, through the model and the CLI.
+
+The GGUF mode runs the very weights transformers de-quantizes when kvcli converts the file, so
+it must agree with the converted float32 model to float32 rounding (logits atol 1e-4) and
+give the same greedy tokens. int8 changes the weights: its logits must stay close to float32
+(the bound below is measured on these random models: max |delta| ~0.01-0.03 of logits ~3),
+a published quality figure rather than equality.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from tiny_models import make_tiny_gguf
+
+from kvcli.cli import main
+from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
+from kvcli.model.loader import load_model
+from kvcli.model.quant import QuantError, available_modes, load_quantized
+from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
+from kvcli.model.resolve import resolve_model
+
+BLOCK = 16
+
+
+def _kind_for(name: str) -> int:
+    """Per tensor: the embedding Q8_0, layer 0 Q4_0, layer 1 and the output layer Q4_1."""
+    if name.startswith("token_embd"):
+        return Q8_0
+    return Q4_0 if name.startswith("blk.0.") else Q4_1
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral"])  # tied and untied output layers
+def quant_gguf(request, tiny_models, tmp_path_factory) -> Path:
+    """A tiny GGUF whose matrices are quantized (gguf's own quantizer), norms float32."""
+    real_add = gguf.GGUFWriter.add_tensor
+
+    def add_tensor(self, name, array, *args, **kwargs):
+        if array.ndim == 2 and array.dtype == np.float32:
+            kind = gguf.GGMLQuantizationType(_kind_for(name))
+            array = gguf.quants.quantize(np.ascontiguousarray(array), kind)
+            return real_add(self, name, array, raw_dtype=kind)
+        return real_add(self, name, array, *args, **kwargs)
+
+    path = tmp_path_factory.mktemp("qgguf") / f"tiny-{request.param}-q.gguf"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf.GGUFWriter, "add_tensor", add_tensor)
+        make_tiny_gguf(tiny_models[request.param], path)
+    return path
+
+
+def _greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Prefill ``prompt`` in one step, then decode one token per step; every step's logits."""
+    kv = allocate_kv_cache(model, 16, BLOCK, torch.float32, "cpu")
+    tokens, computed, out, logits_seen = list(prompt), 0, [], []
+    blocks = list(range(16))
+    while len(out) < steps:
+        new = len(tokens) - computed
+        meta = build_attention_metadata([blocks], [computed], [new], BLOCK, "cpu")
+        ids = torch.tensor(tokens[computed:])
+        logits = model.compute_logits(model(ids, torch.arange(computed, len(tokens)), meta, kv))
+        logits_seen.append(logits[-1])
+        computed = len(tokens)
+        out.append(int(logits[-1].argmax()))
+        tokens.append(out[-1])
+    return out, logits_seen
+
+
+PROMPT = list(range(5, 85))  # 80 rows: the prefill goes through the float32 GEMM path
+
+
+def test_gguf_mode_equals_the_converted_float32_model(quant_gguf, kvcli_home):
+    model_dir = resolve_model(str(quant_gguf))
+    reference = load_model(model_dir)
+    quant = load_quantized(model_dir, "gguf")
+    kinds = {m.weight.kind for m in quant.modules() if isinstance(getattr(m, "weight", None),
+                                                                  QuantWeight)}
+    assert kinds == {Q8_0, Q4_0, Q4_1}
+    want, want_logits = _greedy(reference, PROMPT, 6)
+    got, got_logits = _greedy(quant, PROMPT, 6)
+    assert got == want
+    for a, b in zip(got_logits, want_logits, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    assert available_modes(model_dir) == ["int8", "gguf"]
+
+
+@torch.no_grad()
+def _with_int8_rounded_weights(model):
+    """The float32 model with every matrix replaced by its int8 de-quantization."""
+    for module in model.modules():
+        if type(module).__name__ in ("Linear", "Embedding"):
+            module.weight.copy_(quantize_int8(module.weight).dequantize())
+    return model
+
+
+def test_int8_mode_computes_with_the_rounded_weights(tiny_models):
+    model_dir = tiny_models["llama-gqa"]
+    quant = load_quantized(model_dir, "int8")
+    assert all(isinstance(m.weight, QuantWeight) for m in quant.modules()
+               if type(m).__name__ in ("Linear", "QuantEmbedding"))
+    want_tokens, want = _greedy(_with_int8_rounded_weights(load_model(model_dir)), PROMPT[:20], 4)
+    got_tokens, got = _greedy(quant, PROMPT[:20], 4)
+    assert got_tokens == want_tokens
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    # Quality against float32, measured on this random model: max |delta logit| 5% of the
+    # largest logit (random weights with std 0.2 are far rougher than a trained model's).
+    _, exact = _greedy(load_model(model_dir), PROMPT[:20], 1)
+    assert (got[0] - exact[0]).abs().max() < 0.1 * exact[0].abs().max()
+    assert available_modes(model_dir) == ["int8"]
+
+
+def test_gguf_mode_needs_a_gguf_model(tiny_models):
+    with pytest.raises(QuantError, match="not converted from a GGUF"):
+        load_quantized(tiny_models["llama"], "gguf")
+    with pytest.raises(QuantError, match="CPU with float32"):
+        load_quantized(tiny_models["llama"], "int8", dtype=torch.bfloat16)
+
+
+def _generate(tmp_path: Path, *args: str) -> list[dict]:
+    batch = tmp_path / "in.jsonl"
+    batch.write_text("".join(json.dumps({"id": f"r{i}", "prompt": p, "max_tokens": 8}) + "\n"
+                             for i, p in enumerate(["Once upon a time", "The capital of"])))
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.jsonl"
+    res = CliRunner().invoke(main, ["generate", str(batch), "-o", str(out), "-q", "--ordered",
+                                    "--token-ids", *args], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_cli_quantization_modes(quant_gguf, tiny_models, tmp_path, kvcli_home):
+    float_run = _generate(tmp_path, "--model", str(quant_gguf))
+    gguf_run = _generate(tmp_path, "--model", str(quant_gguf), "--quantization", "gguf")
+    assert [r["token_ids"] for r in gguf_run] == [r["token_ids"] for r in float_run]
+    int8_run = _generate(tmp_path, "--model", str(tiny_models["llama"]), "--quantization", "int8")
+    assert [len(r["token_ids"]) for r in int8_run] == [8, 8]
+    res = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
+                                    "--quantization", "gguf"], input='{"prompt": "hi"}\n')
+    assert res.exit_code == 2 and "not converted from a GGUF" in res.output
