@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from kvcli.audit.capacity import CacheModels
 from kvcli.audit.contrast import Contrast, build_contrast
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.hits import BreakpointCache, BreakpointRead, block_cached_tokens, usable_blocks
@@ -52,6 +53,10 @@ class AuditConfig:
     # to the process, so only the CLI and the benchmark turn it on.
     freeze_gc: bool = False
     tokenize_in_process: bool = True  # a forked worker process when the tokenizer allows
+    capacity: bool = True  # the capacity curve (one pass for every size; off for --diff)
+    cache_blocks: int | None = None  # --cache-size: replay through the engine's pool of this size
+    concurrency: int = 1
+    token_bytes: int | None = None  # KV bytes per token (--model): sizes in bytes too
 
 
 @dataclass(slots=True)
@@ -87,6 +92,15 @@ class Auditor:
         self._own_rendering = isinstance(tokenizer, TiktokenTokenizer)
         self._rendered = 0  # prompts rendered so far: the next prompt's index
         self.tools_ignored: list[str] = []  # requests whose tools the model's template dropped
+        self.cache_models = self._cache_models()
+
+    def _cache_models(self) -> CacheModels | None:
+        """Bounded caches (the curve, --cache-size) for the block profiles; Anthropic's
+        breakpoint cache has no block pool to bound."""
+        config, bs = self.config, self.profile.block_size
+        if self.profile.hit_model != "blocks" or not config.capacity:
+            return None
+        return CacheModels.make(bs, config.cache_blocks, config.concurrency, config.token_bytes)
 
     # ---- public --------------------------------------------------------------
     def run(
@@ -215,11 +229,16 @@ class Auditor:
         self._ids.append(request.id)
         self._sessions.append(request.session)
         self._run_rules(view)
-        self.index.insert(prompt.index, raw, request.cache_salt, match)
+        nodes = self.index.insert(prompt.index, raw, request.cache_salt, match)
+        bounded = None
+        if self.cache_models is not None:
+            bounded = self.cache_models.observe(nodes, match.blocks, match.hashes, len(ids), min_tokens)
         self.texts.put(prompt.index, prompt.text)
         if view.shape is not None:
             self.conversations.record(view.shape)
-        return self._result(view, match)
+        result = self._result(view, match)
+        result.bounded_cached_tokens = bounded
+        return result
 
     def _contrast_factory(self, prompt: RenderedPrompt, divergence: Divergence | None) -> Callable[[], Contrast | None]:
         def build() -> Contrast | None:

@@ -14,16 +14,23 @@ from typing import IO
 import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
+from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
 from kvcli.audit.parse import to_request
 from kvcli.audit.profiles import get_profile
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
+from kvcli.audit.report_capacity import capacity_dict, capacity_html, capacity_lines
 from kvcli.audit.report_diff import diff_lines
 from kvcli.audit.report_html import html_page
 from kvcli.audit.report_json import document, jsonl_line
 from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
 from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
 from kvcli.audit.style import Style
-from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
+from kvcli.audit.tokenizers import (
+    AuditTokenizer,
+    ModelTokenizer,
+    TokenizerLoadError,
+    load_tokenizer,
+)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -44,6 +51,8 @@ class AuditOptions:
     strict: bool = False
     limit: int = 5
     color: bool | None = None
+    cache_size: str | None = None
+    concurrency: int | None = None
 
 
 class StopAudit(Exception):
@@ -156,6 +165,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
 
     excerpts = bool(opts.html_path or opts.diff)
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
+    config.capacity = not opts.diff
+    _cache_options(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     picked = _diff_requests(opts, stdin, on_problem) if opts.diff else None
     source = picked if picked is not None else _requests(paths, stdin)
@@ -181,6 +192,23 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return EXIT_USAGE
     _report(opts, auditor, tokenizer.name, results, findings, problems, out)
     return _exit_status(findings, opts.fail_on)
+
+
+def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> None:
+    """--cache-size (tokens, blocks, or bytes of the model's KV layout) and --concurrency."""
+    if opts.concurrency is not None and opts.cache_size is None:
+        raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
+    if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
+        config.token_bytes = bytes_per_token(tokenizer.directory)
+    if opts.cache_size is None:
+        return
+    if config.profile.hit_model != "blocks":
+        raise InputError(f"--cache-size: the {config.profile.name} profile reads at breakpoints, not from a block pool")
+    try:
+        config.cache_blocks = parse_size(opts.cache_size, config.profile.block_size, config.token_bytes)
+    except SizeError as err:
+        raise InputError(str(err)) from err
+    config.concurrency = opts.concurrency or 1
 
 
 def _relabel(results: list[PromptResult], picked: list[PromptRequest]) -> None:
@@ -212,12 +240,15 @@ def _report(
     out: IO[bytes],
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
+    capacity = auditor.cache_models.report() if auditor.cache_models is not None else None
     if opts.html_path:
-        page = html_page(tokenizer, profile, summary, results, findings, problems)
+        extra = capacity_html(capacity) if capacity is not None else ""
+        page = html_page(tokenizer, profile, summary, results, findings, problems, extra)
         Path(opts.html_path).write_text(page, encoding="utf-8")
         click.echo(f"kvcli audit: wrote {opts.html_path}", err=True)
     if opts.fmt == "json":
-        out.write(document(tokenizer, profile, summary, results, findings, problems))
+        extras = {"capacity": capacity_dict(capacity) if capacity is not None else None}
+        out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
     elif opts.fmt == "text":
         color = opts.color
         if color is None:
@@ -228,8 +259,14 @@ def _report(
         else:
             sources = {r.index: r.source for r in results}
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
+            lines += _capacity_text(opts, capacity, style)
             lines += findings_lines(findings, sources, opts.limit, style)
             if opts.show_blocks:
                 lines += blocks_lines(results, style)
         out.write(("\n".join(lines) + "\n").encode("utf-8"))
     out.flush()
+
+
+def _capacity_text(opts: AuditOptions, capacity: CapacityReport | None, style: Style) -> list[str]:
+    """The text report shows the capacity section when a cache size was asked about."""
+    return capacity_lines(capacity, style) if capacity is not None and opts.cache_size else []

@@ -210,8 +210,9 @@ class PrefixIndex:
         against = self._owner[child] if shared else self._owner[node]
         return Match(blocks, lcp, against, node, path, nodes)
 
-    def insert(self, prompt: int, raw: bytes, salt: str | None, match: Match) -> None:
-        """Add prompt number `prompt` (the next one) after `match` told where it leaves the tree."""
+    def insert(self, prompt: int, raw: bytes, salt: str | None, match: Match) -> list[int]:
+        """Add prompt number `prompt` (the next one) after `match` told where it leaves the tree;
+        returns the nodes of its full blocks (the first match.blocks of them were there before)."""
         if prompt != len(self._leaf):
             raise ValueError(f"prompt: expected {len(self._leaf)}, got {prompt}")
         node = match.node if match.node != _NONE else self._root(salt)
@@ -241,6 +242,27 @@ class PrefixIndex:
             self._attach(node, child)
         self._tail_node.append(child if tail else _NONE)
         self._tail_len.append(len(tail) // 4)
+        return nodes
+
+    # ---- the whole tree (prefix groups, orderings: kvcli/audit/groups.py) -------
+    def tree(self) -> tuple[array, array, array, list[bytes]]:
+        """Per node its parent and owner (the first prompt through it), per prompt its last full
+        block's node, and per node its chain hash (b"" for roots and partial blocks). Read only."""
+        return self._parent, self._owner, self._leaf, self._hash
+
+    def children(self, node: int) -> list[int]:
+        """Children of `node` in token order (a depth-first walk visits prompts sorted by tokens)."""
+        branch = self._branches.get(node)
+        if branch is not None:
+            return list(branch[1])
+        child = self._first_child[node]
+        return [child] if child != _NONE else []
+
+    def roots(self) -> list[int]:
+        return list(self._roots.values())
+
+    def tail_tokens(self, prompt: int) -> int:
+        return self._tail_len[prompt]
 
     def tokens_of(self, prompt: int) -> list[int]:
         """The token ids of an earlier prompt, rebuilt from its path in the tree."""

@@ -153,3 +153,4 @@ class PromptResult:
     tokens_at_stake: int = 0
     matched_tokens: int = 0  # tokens in blocks seen before (cached_tokens, or more when not counted)
     excerpt: Excerpt | None = None  # the first divergence, both sides
+    bounded_cached_tokens: int | None = None  # at --cache-size (the engine's pool replayed)

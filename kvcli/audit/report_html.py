@@ -119,6 +119,7 @@ def html_page(
     results: list[PromptResult],
     findings: list[Finding],
     problems: list[InputProblem],
+    extra: str = "",  # more sections (capacity, prefix groups), already HTML
 ) -> str:
     by_prompt: dict[int, list[tuple[int, Finding]]] = {}
     for n, f in enumerate(findings):
@@ -132,6 +133,6 @@ def html_page(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>kvcli audit</title>'
         f"<style>{CSS}</style></head><body><h1>kvcli audit</h1>"
-        f"{_summary(tokenizer, profile, summary, len(problems))}"
+        f"{_summary(tokenizer, profile, summary, len(problems))}{extra}"
         f"<h2>Findings</h2>{_findings(findings)}<h2>Prompts</h2>{legend}{prompts}</body></html>\n"
     )

@@ -39,6 +39,8 @@ def prompt_dict(r: PromptResult, with_findings: bool = False) -> dict[str, Any]:
         "cached_tokens": r.cached_tokens, "first_divergence": divergence_dict(r.divergence),
         "tokens_at_stake": r.tokens_at_stake,
     }  # fmt: skip
+    if r.bounded_cached_tokens is not None:
+        out["bounded_cached_tokens"] = r.bounded_cached_tokens
     if r.blocks is not None:
         out["blocks"] = [block_dict(b) for b in r.blocks]
     if with_findings:
@@ -68,6 +70,7 @@ def document(
     prompts: list[PromptResult],
     findings: list[Finding],
     problems: list[InputProblem],
+    extra: dict[str, Any] | None = None,
 ) -> bytes:
     doc = {
         "tokenizer": tokenizer,
@@ -77,6 +80,7 @@ def document(
         "prompts": [prompt_dict(r) for r in prompts],
         "findings": [finding_dict(f) for f in findings],
         "input_problems": [{"where": p.where, "message": p.message} for p in problems],
+        **(extra or {}),  # capacity, prefix groups, ordering
     }
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 

@@ -140,11 +140,12 @@ class TiktokenTokenizer:
 class ModelTokenizer:
     """A model directory's tokenizer and chat template (kvcli.tokenizer), exactly as `kvcli generate`."""
 
-    __slots__ = ("name", "_tok")
+    __slots__ = ("name", "_tok", "directory")
 
-    def __init__(self, tokenizer: Any, name: str) -> None:
+    def __init__(self, tokenizer: Any, name: str, directory: Path | None = None) -> None:
         self._tok = tokenizer
         self.name = name
+        self.directory = directory  # the model's files (config.json: the KV layout)
 
     @classmethod
     def from_spec(cls, spec: str) -> ModelTokenizer:
@@ -154,7 +155,7 @@ class ModelTokenizer:
 
         try:
             directory = resolve_model(spec)
-            return cls(Tokenizer.from_dir(directory), f"model:{spec}")
+            return cls(Tokenizer.from_dir(directory), f"model:{spec}", Path(directory))
         except (OSError, ValueError, RuntimeError) as err:
             message = str(err)  # the resolver's errors already name the flag
             prefix = "" if message.startswith(f"--model {spec}") else f"--model {spec}: "

@@ -89,6 +89,19 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     help="Findings shown per rule in the text report.",
 )
 @click.option(
+    "--cache-size",
+    metavar="SIZE",
+    default=None,
+    help="Replay through kvcli's block pool of this size: tokens (8192), blocks (512blocks), or bytes "
+    "with --model (1GiB, the model's KV layout). Adds the hit rate there and the capacity curve.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Prompts in flight during the --cache-size replay (running prompts pin their blocks) [default: 1].",
+)
+@click.option(
     "--color/--no-color",
     default=None,
     help="Color the text report [default: when stdout is a terminal].",
