@@ -162,3 +162,6 @@ def test_string_lengths_are_compiled_as_patterns(compiler):
     for text, ok in (('"abc"', True), ('""', False), ('"abcd"', False), ('"a\x0c"', False),
                      ('"\u00e9\u6f22\u5b57"', True), ('"\u00e9\u6f22\u5b57x"', False)):
         assert _accepts(compiler, inner, text) is ok, text  # characters counted, not bytes
+    nullable = with_string_lengths_as_patterns({"type": ["string", "null"], "maxLength": 2})
+    for text, ok in (('"ab"', True), ("null", True), ('"abc"', False), ("1", False)):
+        assert _accepts(compiler, nullable, text) is ok, text

@@ -96,9 +96,11 @@ def _unenforced(schema: dict[str, Any]) -> tuple[str, str] | None:
                                        and isinstance(schema["multipleOf"], int)):
         return "multipleOf", "supported only on integers, with an integer divisor"
     if "minLength" in schema or "maxLength" in schema:
-        if schema.get("type") != "string":
+        kinds = schema.get("type")
+        if not (kinds == "string" or (isinstance(kinds, list) and "string" in kinds
+                                      and "anyOf" not in schema)):
             return "maxLength" if "maxLength" in schema else "minLength", \
-                "supported only with \"type\": \"string\""
+                "supported only with a \"type\" that includes \"string\""
         if "pattern" in schema or "format" in schema:
             return "maxLength" if "maxLength" in schema else "minLength", \
                 "not enforced together with pattern or format"
@@ -124,8 +126,14 @@ def with_string_lengths_as_patterns(schema: Any) -> Any:
     exactly, at the cost of escapes in such strings (test_structured_params.py re-measures).
     """
     copy = json.loads(json.dumps(schema))
-    for sub, _ in walk_subschemas(copy, ""):
-        if sub.get("type") == "string" and ("minLength" in sub or "maxLength" in sub):
-            low, high = sub.pop("minLength", 0), sub.pop("maxLength", "")
-            sub["pattern"] = f'^[^"\\\\\\x00-\\x1f]{{{low},{high}}}$'
+    for sub, _ in list(walk_subschemas(copy, "")):
+        if "minLength" not in sub and "maxLength" not in sub:
+            continue
+        low, high = sub.pop("minLength", 0), sub.pop("maxLength", "")
+        string = {"type": "string", "pattern": f'^[^"\\\\\\x00-\\x1f]{{{low},{high}}}$'}
+        kinds = sub.pop("type", "string")
+        if kinds == "string":
+            sub.update(string)
+        else:  # ["string", "null"]: the lengths bind the string branch only
+            sub["anyOf"] = [string, {"type": [k for k in kinds if k != "string"]}]
     return copy
