@@ -16,6 +16,7 @@ from itertools import accumulate
 from kvcli.audit.capacity import CacheModels
 from kvcli.audit.contrast import Contrast, build_contrast
 from kvcli.audit.excerpt import make_excerpt
+from kvcli.audit.groups import GroupsReport, SegmentStore, locate, prefix_groups
 from kvcli.audit.hits import BreakpointCache, BreakpointRead, block_cached_tokens, usable_blocks
 from kvcli.audit.prefix_index import Match, PrefixIndex
 from kvcli.audit.profiles import Profile
@@ -93,6 +94,7 @@ class Auditor:
         self._rendered = 0  # prompts rendered so far: the next prompt's index
         self.tools_ignored: list[str] = []  # requests whose tools the model's template dropped
         self.cache_models = self._cache_models()
+        self.segments = SegmentStore()  # where prompts' parts start, to say where a shared prefix ends
 
     def _cache_models(self) -> CacheModels | None:
         """Bounded caches (the curve, --cache-size) for the block profiles; Anthropic's
@@ -138,6 +140,11 @@ class Auditor:
 
     def finish(self) -> list[Finding]:
         return [f for rule in self.rules for f in rule.finish()]
+
+    def prefix_groups(self) -> GroupsReport:
+        report = prefix_groups(self.index, self.summary.tokens)
+        locate(report, self.index, self.text_of, self.tokenizer.char_offset, self.segments)
+        return report
 
     def text_of(self, index: int) -> str:
         """An earlier prompt's text: kept if recent, else decoded from its tokens in the index."""
@@ -230,6 +237,8 @@ class Auditor:
         self._sessions.append(request.session)
         self._run_rules(view)
         nodes = self.index.insert(prompt.index, raw, request.cache_salt, match)
+        if len(nodes) > match.blocks:  # it owns new blocks: it may be a shared prefix's first prompt
+            self.segments.put(prompt.index, prompt.segments)
         bounded = None
         if self.cache_models is not None:
             bounded = self.cache_models.observe(nodes, match.blocks, match.hashes, len(ids), min_tokens)

@@ -20,6 +20,7 @@ from kvcli.audit.profiles import get_profile
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
 from kvcli.audit.report_capacity import capacity_dict, capacity_html, capacity_lines
 from kvcli.audit.report_diff import diff_lines
+from kvcli.audit.report_groups import groups_dict, groups_html, groups_lines
 from kvcli.audit.report_html import html_page
 from kvcli.audit.report_json import document, jsonl_line
 from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
@@ -241,13 +242,17 @@ def _report(
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     capacity = auditor.cache_models.report() if auditor.cache_models is not None else None
+    groups = auditor.prefix_groups() if not opts.diff else None
+    id_of = auditor.ctx.id_of
     if opts.html_path:
         extra = capacity_html(capacity) if capacity is not None else ""
+        extra += groups_html(groups, id_of) if groups is not None else ""
         page = html_page(tokenizer, profile, summary, results, findings, problems, extra)
         Path(opts.html_path).write_text(page, encoding="utf-8")
         click.echo(f"kvcli audit: wrote {opts.html_path}", err=True)
     if opts.fmt == "json":
-        extras = {"capacity": capacity_dict(capacity) if capacity is not None else None}
+        extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
+                  "prefix_groups": groups_dict(groups, id_of) if groups is not None else None}
         out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
     elif opts.fmt == "text":
         color = opts.color
@@ -260,6 +265,7 @@ def _report(
             sources = {r.index: r.source for r in results}
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += _capacity_text(opts, capacity, style)
+            lines += groups_lines(groups, id_of, style) if groups is not None else []
             lines += findings_lines(findings, sources, opts.limit, style)
             if opts.show_blocks:
                 lines += blocks_lines(results, style)
