@@ -98,7 +98,12 @@ def test_other_settings_never_hit(tiny_models, kvcli_home, tmp_path, prompts):
     _, other_model = run(tiny_models["mistral"], prompts, GREEDY, kv_cache_dir=kv)
     _, salted = run(tiny_models["llama"], [{"prompt": p, "cache_salt": "t1"} for p in prompts],
                     GREEDY, kv_cache_dir=kv)
+    quantized, int8 = run(tiny_models["llama"], prompts, GREEDY, kv_cache_dir=kv,
+                          quantization="int8")
     assert other_model["disk_cache"]["hit_tokens"] == salted["disk_cache"]["hit_tokens"] == 0
+    assert int8["disk_cache"]["hit_tokens"] == 0
+    assert texts(quantized) == texts(run(tiny_models["llama"], prompts, GREEDY,
+                                         quantization="int8")[0])
 
 
 def test_the_disk_cache_needs_prefix_caching(tiny_models, kvcli_home, tmp_path):

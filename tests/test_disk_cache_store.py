@@ -199,7 +199,7 @@ def test_every_keyed_setting_changes_the_fingerprint():
     changes = {"weights_sha256": "cd" * 32, "architecture": "Qwen2ForCausalLM",
                "dtype": "float16", "device_type": "cuda", "block_size": 32, "num_layers": 3,
                "num_kv_heads": 2, "head_dim": 8, "rope": {"rope_type": "default", "theta": 1e6},
-               "kv_format_version": 2}
+               "quantization": "int8", "kv_format_version": 2}
     digests = {ModelFingerprint(**{**base, k: v}).digest() for k, v in changes.items()}
     assert len(digests | {FP.digest()}) == len(changes) + 1
     assert ModelFingerprint(**{**base, "label": "other name"}).digest() == FP.digest()

@@ -125,12 +125,13 @@ class DiskKVTier:
 
 
 def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir: Path,
-                   kv: torch.Tensor, block_size: int, label: str) -> DiskKVTier:
+                   kv: torch.Tensor, block_size: int, label: str,
+                   quantization: str | None = None) -> DiskKVTier:
     """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
     from kvcli.model.resolve import kvcli_home
 
     fingerprint = model_fingerprint(model.config, model_dir, str(kv.dtype).removeprefix("torch."),
                                     kv.device.type, block_size, label,
-                                    kvcli_home() / "file-digests")
+                                    kvcli_home() / "file-digests", quantization)
     store = open_model_store(cache_dir, fingerprint)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)

@@ -87,7 +87,7 @@ class LLMEngine:
 
         return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, self.model,
                               Path(model_dir), kv, config.block_size,
-                              config.model or str(model_dir))
+                              config.model or str(model_dir), config.quantization)
 
     def _reset_bookkeeping(self) -> None:
         config = self.config

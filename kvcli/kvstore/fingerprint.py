@@ -3,9 +3,12 @@
 Blocks are keyed by ``(fingerprint, chain hash)``. The chain hash names the prefix
 (tokens and ``cache_salt``); the fingerprint names what turns a prefix into K/V:
 the weights' and config's bytes, dtype, device type (CPU and CUDA kernels round
-differently, and outputs with the cache must equal outputs without it), block size,
-attention layout, RoPE settings and kvcli's KV format version. Changing any of them
-changes the fingerprint, so a block of another model or setting is never found.
+differently, and outputs with the cache must equal outputs without it), weight
+quantization (``--quantization``), block size, attention layout, RoPE settings and kvcli's
+KV format version. Changing any of them changes the fingerprint, so a block of another
+model or setting is never found. Kernel routes (native or torch matmuls, chunk sizes) are
+not keyed: they differ in the last bits exactly as the in-memory cache already mixes K/V
+computed in chunks of different sizes.
 
 Hashing the weights (0.5 GB for SmolLM2-135M, ~0.3 s) is done once per file: the
 digest is remembered in ``$KVCLI_HOME/file-digests`` under the file's resolved path,
@@ -39,6 +42,7 @@ class ModelFingerprint:
     num_kv_heads: int
     head_dim: int
     rope: dict[str, Any] = field(hash=False)
+    quantization: str = "none"  # EngineConfig.quantization (int8, gguf) or none
     kv_format_version: int = KV_FORMAT_VERSION
     label: str = field(default="", compare=False)  # the model as the user named it (not keyed)
 
@@ -51,13 +55,15 @@ class ModelFingerprint:
 
 
 def model_fingerprint(cfg: Any, model_dir: Path, dtype: str, device_type: str, block_size: int,
-                      label: str = "", digest_cache: Path | None = None) -> ModelFingerprint:
+                      label: str = "", digest_cache: Path | None = None,
+                      quantization: str | None = None) -> ModelFingerprint:
     """The fingerprint of a model from its ``ModelConfig`` (kvcli/model/config.py, torch-free),
     so the engine and a torch-free caller (the audit) compute the same key."""
     return ModelFingerprint(
         weights_sha256=weights_digest(model_dir, digest_cache), architecture=cfg.architecture,
         dtype=dtype, device_type=device_type, block_size=block_size, num_layers=cfg.num_layers,
-        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope), label=label)
+        num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope),
+        quantization=quantization or "none", label=label)
 
 
 def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:
