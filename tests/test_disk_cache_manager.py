@@ -76,8 +76,8 @@ def test_loading_never_evicts_the_prefix_it_walks():
     memory = [kv.block_pool.get_cached_block(h).block_id for h in hashes[:2]]
     disk.held = set(hashes[2:])
     hits, num_hit = kv.get_computed_blocks(req("r", tokens))
-    # The free blocks but one (the request's tail needs it) are loaded, never the two pinned.
-    assert num_hit == 16 and [b.block_hash for b in hits] == hashes[:4]
+    # Every free block but the two pinned hits is taken by a load, none of those two.
+    assert num_hit == 20 and [b.block_hash for b in hits] == hashes[:5]
     assert [bid for _, bid in disk.loads] == [b.block_id for b in hits[2:]]
     assert not set(memory) & {bid for _, bid in disk.loads}
     assert kv.num_free_blocks == 5  # nothing is held until allocate_slots takes them
@@ -107,11 +107,13 @@ def test_probes_never_read_the_disk():
     assert kv.get_computed_blocks(r, record_stats=False) == ([], 0) and disk.loads == []
 
 
-def test_a_tight_pool_still_admits_the_request_it_loads_for():
+
+def test_loads_take_only_blocks_the_request_needs_anyway():
     disk = FakeDisk()
-    kv = KVCacheManager(3, BS, disk=disk)
-    r = req("r", list(range(13)))  # 3 full blocks + 1 token: needs 4 blocks, the pool has 3
+    kv = KVCacheManager(4, BS, disk=disk)
+    r = req("r", list(range(13)))  # 3 full blocks + 1 token: 4 blocks, hit or not
     disk.held = set(r.block_hashes)
     hits, num_hit = kv.get_computed_blocks(r)
-    assert num_hit == 8 and len(disk.loads) == 2  # the third block is left for the tail
+    assert num_hit == 12 and len(disk.loads) == 3
     assert kv.allocate_slots(r, r.num_tokens - num_hit, hits) is not None
+    assert kv.num_free_blocks == 0

@@ -108,9 +108,9 @@ class KVCacheManager:
 
         The walk's blocks are pinned meanwhile, so taking a free block for a load can
         never evict a block of this very prefix; released, they are cached free blocks
-        (most recently used) that ``allocate_slots`` takes like any hit. One free block is
-        always left: the request's remaining tokens need one, so filling it would only
-        make this admission fail.
+        (most recently used) that ``allocate_slots`` takes like any hit. A load takes a
+        block the request needs anyway (a full block is a hit or computed, in a pool block
+        either way), so loading never makes an admission fail that would have succeeded.
         """
         pool = self.block_pool
         pool.touch(hits)
@@ -120,7 +120,7 @@ class KVCacheManager:
                 block = pool.get_cached_block(block_hash)
                 if block is not None:
                     pool.touch([block])
-                elif pool.num_free_blocks <= 1 or (block := self._load(block_hash)) is None:
+                elif pool.num_free_blocks == 0 or (block := self._load(block_hash)) is None:
                     break
                 walk.append(block)
         finally:
