@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvcli.audit.bounded import BoundedReplay
 from kvcli.audit.curve import StackModel
@@ -93,6 +94,7 @@ class CapacityReport:
     elbow: CurvePoint | None = None
     bounded: Bounded | None = None
     assumes: str = ASSUMES
+    ordering: Any = None  # ordering.OrderingAdvice, added by the command
 
     def size_bytes(self, blocks: int) -> int | None:
         return blocks * self.block_size * self.token_bytes if self.token_bytes else None

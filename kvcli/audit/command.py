@@ -15,6 +15,7 @@ import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
+from kvcli.audit.ordering import advice_size, advise
 from kvcli.audit.parse import to_request
 from kvcli.audit.profiles import get_profile
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
@@ -242,6 +243,11 @@ def _report(
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     capacity = auditor.cache_models.report() if auditor.cache_models is not None else None
+    if capacity is not None and auditor.cache_models is not None:
+        size = advice_size(capacity)
+        if size is not None:
+            min_tokens = profile.min_tokens_for(None)
+            capacity.ordering = advise(auditor.cache_models.curve, auditor.index, size, min_tokens)
     groups = auditor.prefix_groups() if not opts.diff else None
     id_of = auditor.ctx.id_of
     if opts.html_path:

@@ -49,6 +49,8 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
         bar = "█" * round(BAR * p.hit_rate / max(report.unbounded_hit_rate, 1e-9))
         extra = f" {human_bytes(p.bytes):>10}" if p.bytes is not None else ""
         lines.append(f"    {p.blocks:>10,} blocks {p.tokens:>12,} tokens{extra} {p.hit_rate:>7.1%}  {bar}")
+    if report.ordering is not None:
+        lines.append(f"  {ordering_sentence(report)}")
     if report.elbow is not None:
         lines.append(f"  elbow: {size_label(report, report.elbow.blocks)} reaches {report.elbow.hit_rate:.1%}, "
                      f"90% of the unbounded {report.unbounded_hit_rate:.1%}")
@@ -57,6 +59,18 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
         lines.append(style(f"  at --cache-size: {b.concurrency} prompts in flight (in input order, the oldest "
                            f"finishing first); {b.method}", "dim"))
     return lines
+
+
+def ordering_sentence(report: CapacityReport) -> str:
+    o = report.ordering
+    where = size_label(report, o.blocks)
+    if round(o.sorted_hit_rate, 3) == round(o.given_hit_rate, 3):
+        change = f"would not change the hit rate at {where} ({o.given_hit_rate:.1%})"
+    else:
+        verb = "raise" if o.sorted_hit_rate > o.given_hit_rate else "lower"
+        change = f"would {verb} the hit rate at {where} from {o.given_hit_rate:.1%} to {o.sorted_hit_rate:.1%}"
+    return (f"ordering by prefix {change} (all prompts sorted by tokens, one at a time: the limit of "
+            "`kvcli generate --scheduling cache-aware`)")
 
 
 def _point(p: CurvePoint) -> dict[str, Any]:
@@ -79,6 +93,9 @@ def capacity_dict(report: CapacityReport) -> dict[str, Any]:
         "largest_prompt_blocks": report.largest_prompt_blocks, "bounded": bounded,
         "curve": [_point(p) for p in report.curve],
         "elbow": _point(report.elbow) if report.elbow is not None else None,
+        "ordering": None if report.ordering is None else {
+            "blocks": report.ordering.blocks, "given_hit_rate": report.ordering.given_hit_rate,
+            "sorted_hit_rate": report.ordering.sorted_hit_rate, "advice": ordering_sentence(report)},
     }  # fmt: skip
 
 
