@@ -351,3 +351,17 @@ def test_fuzz_any_bytes_give_a_request_or_a_clean_error(data: bytes, strict: boo
             ENCODER.encode(res.prompt)  # the second stage may only raise LineError
         except LineError:
             pass
+
+
+def test_engine_errors_on_openai_lines_name_the_body_field() -> None:
+    """A field the engine refuses (max_tokens past the context) is named where the line has it."""
+    from kvcli.batch.job import BatchJob
+
+    req = ok(chat_line({"messages": MSGS, "max_tokens": 5}))
+    assert req.field_prefix == "body."
+    failures = []
+    job = BatchJob.__new__(BatchJob)
+    job._fail = lambda seq, failed: failures.append(failed)  # type: ignore[method-assign]
+    BatchJob._reject(job, 1, req, ValueError("max_tokens: 5 new tokens exceed the context"))
+    assert failures[0].error.field == "body.max_tokens"
+    assert ok({"prompt": "x"}).field_prefix == ""

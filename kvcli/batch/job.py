@@ -178,7 +178,10 @@ class BatchJob:
         self._emit(seq, self.formatter.success(req, out), Tally.of(out))
 
     def _reject(self, seq: int, req: LineRequest, err: ValueError) -> None:
-        self._fail(seq, FailedLine(req.ident, req.style, LineError.from_value_error(err)))
+        error = LineError.from_value_error(err)
+        if error.field and req.field_prefix and not error.field.startswith(req.field_prefix):
+            error = LineError(req.field_prefix + error.field, error.message, error.code)
+        self._fail(seq, FailedLine(req.ident, req.style, error))
 
     def _fail(self, seq: int, failed: FailedLine) -> None:
         ident = failed.ident

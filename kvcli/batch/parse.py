@@ -49,7 +49,7 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         tool_format = _tool_calls(req, obj, opts.tool_format)
         params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
         return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored,
-                           tool_format)
+                           field_prefix=req.prefix, tool_format=tool_format)
     except LineError as err:
         return FailedLine(ident, style, err)
 

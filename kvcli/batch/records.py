@@ -51,6 +51,7 @@ class LineRequest:
     params: SamplingParams
     cache_salt: str | None = None
     ignored_fields: list[str] = field(default_factory=list)  # unknown fields (not --strict)
+    field_prefix: str = ""  # where the line's fields live ("body." on OpenAI Batch lines)
     tool_format: str | None = None  # replies are parsed for tool calls in this format
 
 
