@@ -254,3 +254,37 @@ def test_gemma3_legacy_config_spelling(tiny_models, tmp_path):
         meta = build_attention_metadata([[0, 1, 2, 3]], [0], [len(ids)], 16, "cpu")
         outs.append(model.compute_logits(model(ids, torch.arange(len(ids)), meta, kv)))
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("spelling", ["su", "yarn"])
+def test_phi3_early_longrope_names(tiny_models, spelling):
+    """Early Phi-3 configs call LongRoPE "su" or "yarn" (Phi3Config maps both to longrope)."""
+    import json
+
+    from kvcli.model.config import parse_model_config
+
+    raw = json.loads((tiny_models["phi3"] / "config.json").read_text())
+    modern = parse_model_config(raw, "config.json", "Phi3ForCausalLM").rope
+    raw["rope_parameters"]["rope_type"] = spelling
+    assert parse_model_config(raw, "config.json", "Phi3ForCausalLM").rope == modern
+
+
+@pytest.mark.parametrize(("name", "change", "message"), [
+    ("granite", {"partial_rotary_factor": 0.5}, "'partial_rotary_factor': 0.5 is not supported"),
+    ("gemma3", {"use_bidirectional_attention": True}, "bidirectional attention is not supported"),
+    ("gemma2", {"layer_types": ["full_attention"]}, "'layer_types': 1 entries for 2 layers"),
+])
+def test_unsupported_features_are_refused(tiny_models, tmp_path, name, change, message):
+    """A feature a family's implementation lacks is an error naming the field, never ignored."""
+    import json
+    import shutil
+
+    from kvcli.model.config import ModelConfigError
+    from kvcli.model.loader import load_model
+
+    model_dir = tmp_path / name
+    shutil.copytree(tiny_models[name], model_dir)
+    raw = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**raw, **change}))
+    with pytest.raises(ModelConfigError, match=message):
+        load_model(model_dir)

@@ -109,8 +109,8 @@ def parse_rope(raw: dict, path: str, max_position_embeddings: int) -> RopeConfig
         raise ModelConfigError(f"{path}: field '{key}': expected an object, got {params!r}")
     where = f"{path}: field '{key}'"
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "su":  # early Phi-3 configs' name for LongRoPE (as Phi3Config maps it)
-        rope_type = "longrope"
+    if rope_type == "su" or (rope_type == "yarn" and raw.get("model_type") == "phi3"):
+        rope_type = "longrope"  # early Phi-3 configs' names for LongRoPE, as Phi3Config maps them
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelConfigError(
             f"{where}: rope type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
