@@ -32,8 +32,9 @@ if _startup.launched_as_cli():
 if TYPE_CHECKING:
     from kvcli.engine.llm import LLM
     from kvcli.engine.request import SamplingParams
+    from kvcli.structured import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -45,4 +46,8 @@ def __getattr__(name: str) -> Any:
         from kvcli.engine.request import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from kvcli.structured import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(name)
