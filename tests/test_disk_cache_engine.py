@@ -127,3 +127,15 @@ def test_the_loaded_kv_is_what_attention_reads(tiny_models, kvcli_home, tmp_path
     poisoned, stats = run(tiny_models["llama"], prompts, GREEDY, kv_cache_dir=str(kv))
     assert stats["disk_cache"]["hit_tokens"] > 0 and stats["disk_cache"]["corrupt_blocks"] == 0
     assert texts(poisoned) != texts(base)
+
+
+def test_generated_blocks_are_kept_too(tiny_models, kvcli_home, tmp_path):
+    """A conversation continued in a later run hits the blocks its previous answer filled."""
+    model, kv = tiny_models["llama"], str(tmp_path / "kv")
+    params = SamplingParams(max_tokens=13, ignore_eos=True)
+    [first], _ = run(model, [SYSTEM + "The fox went"], params, kv_cache_dir=kv)
+    turn = first.prompt_token_ids + first.outputs[0].token_ids + [5, 6, 7]
+    [second], _ = run(model, [turn], GREEDY, kv_cache_dir=kv)
+    answered = len(first.prompt_token_ids) + len(first.outputs[0].token_ids) - 1
+    assert second.num_disk_cached_tokens == second.num_cached_tokens
+    assert second.num_cached_tokens >= answered // BLOCK * BLOCK > len(first.prompt_token_ids)
