@@ -4,6 +4,7 @@ prefixes from disk with byte-identical outputs, and computes only what no run co
 from __future__ import annotations
 
 import pytest
+from tiny_models import FAMILIES
 
 from kvcli import LLM, SamplingParams
 from kvcli.engine.outputs import RequestOutput
@@ -38,7 +39,7 @@ def prompts() -> list[str]:
     return [SYSTEM + q for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_cold_and_warm_runs_equal_a_run_without_the_cache(tiny_models, kvcli_home, tmp_path,
                                                           prompts, family):
     model = tiny_models[family]
