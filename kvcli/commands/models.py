@@ -28,14 +28,25 @@ def _status_line(info: Any) -> str:
     return info.status
 
 
+def _quantization(info: Any) -> list[str]:
+    """--quantization modes for the model: gguf where a GGUF file is behind it (kvcli/model/quant)."""
+    from pathlib import Path
+
+    from kvcli.model.quant import available_modes
+
+    source = Path(info.source) if info.source and info.source.endswith(".gguf") else None
+    return available_modes(Path(info.path) if info.path else None, source)
+
+
 def _print_table(infos: list[Any]) -> None:
-    rows = [("NAME", "SIZE", "STATUS")]
+    rows = [("NAME", "SIZE", "QUANTIZATION", "STATUS")]
     for info in infos:
         name = info.name + (" (default)" if info.default else "")
-        rows.append((name, _human_size(info.size_bytes), _status_line(info)))
-    widths = [max(len(row[i]) for row in rows) for i in range(2)]
-    for name, size, status in rows:
-        click.echo(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {status}")
+        rows.append((name, _human_size(info.size_bytes), ",".join(_quantization(info)),
+                     _status_line(info)))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for name, size, quant, status in rows:
+        click.echo(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {quant:<{widths[2]}}  {status}")
 
 
 @click.group(invoke_without_command=True)
@@ -56,7 +67,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
 
     infos = list_models()
     if as_json:
-        payload = {"home": str(kvcli_home()), "models": [asdict(info) for info in infos],
+        listed = [{**asdict(info), "quantization": _quantization(info)} for info in infos]
+        payload = {"home": str(kvcli_home()), "models": listed,
                    "architectures": supported_architectures()}
         click.echo(json.dumps(payload, indent=2))
         return

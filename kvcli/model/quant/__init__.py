@@ -12,15 +12,19 @@ Quality is measured, not asserted (docs/BENCHMARKS.md); float32 stays the defaul
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from kvcli.model.quant.weights import QuantError, QuantWeight
+if TYPE_CHECKING:  # this module stays torch-free: `kvcli models` imports it
+    import torch
+    from torch import nn
 
 MODES = ("int8", "gguf")
 
-__all__ = ["MODES", "QuantError", "QuantWeight", "available_modes", "gguf_source", "load_quantized"]
+__all__ = ["MODES", "QuantError", "available_modes", "gguf_source", "load_quantized"]
+
+
+class QuantError(ValueError):
+    """A weight that cannot be quantized or run in the requested mode."""
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -39,14 +43,17 @@ def available_modes(model_dir: Path | None, gguf_file: Path | None = None) -> li
     return ["int8", "gguf"] if has_gguf else ["int8"]
 
 
-def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype = torch.float32,
+def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype | None = None,
                    device: str = "cpu", allow_pickle: bool = False) -> nn.Module:
     """The model of ``model_dir`` with ``mode``'s quantized weights (CPU, float32 activations)."""
+    import torch
+
     from kvcli.model.loader import build_model, load_model, read_model_config
     from kvcli.model.quant.apply import load_gguf_model, quantize_int8_model
 
     if mode not in MODES:
         raise QuantError(f"--quantization: expected one of {', '.join(MODES)}, got {mode!r}")
+    dtype = torch.float32 if dtype is None else dtype
     if torch.device(device).type != "cpu" or dtype != torch.float32:
         raise QuantError(f"--quantization {mode}: runs on CPU with float32 activations "
                          f"(--device cpu --dtype float32), got {device} / {dtype}")

@@ -15,8 +15,9 @@ from torch import nn
 
 from kvcli.model.layers import Embedding, Linear
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
+from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_tensors
-from kvcli.model.quant.weights import QuantError, QuantWeight, quantize_int8
+from kvcli.model.quant.weights import QuantWeight, quantize_int8
 
 
 class QuantEmbedding(nn.Module):
@@ -49,9 +50,10 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
             _set_linear_weight(module, quantize_int8(module.weight))
-    embed = model.model.embed_tokens
+    inner = getattr(model, "model", None)  # transformers' layout: model.model.embed_tokens
+    embed = getattr(inner, "embed_tokens", None)
     if isinstance(embed, Embedding):
-        model.model.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
+        inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
     return _finish(model)
 
 

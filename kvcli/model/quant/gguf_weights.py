@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvcli.model.quant.weights import NATIVE_TYPES, QuantError, QuantWeight
+from kvcli.model.quant import QuantError
+from kvcli.model.quant.weights import NATIVE_TYPES, QuantWeight
 
 # llama.cpp name within a block -> transformers' module path within a layer
 _BLOCK_NAMES = {

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kvcli.model import native
+from kvcli.model.quant import QuantError
 
 # GGML type ids (gguf.GGMLQuantizationType) of the formats the native kernel runs; I8 is kvcli's
 # per-output-channel int8 (GGML's I8 id: an int8 per weight; the scales live beside it).
@@ -25,10 +26,6 @@ Q4_0, Q4_1, Q8_0, I8 = 2, 3, 8, 24
 NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q8_0, I8})
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, I8: 32}  # per 32 weights
 DIRECT_MAX_ROWS = int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64"))
-
-
-class QuantError(ValueError):
-    """A weight that cannot be quantized or run in the requested mode."""
 
 
 @dataclass(eq=False)
