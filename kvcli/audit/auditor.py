@@ -95,6 +95,8 @@ class Auditor:
         self.tools_ignored: list[str] = []  # requests whose tools the model's template dropped
         self.cache_models = self._cache_models()
         self.segments = SegmentStore()  # where prompts' parts start, to say where a shared prefix ends
+        # Called with each prompt, its ids, chain hashes and result (the CI baseline).
+        self.observers: list[Callable[[RenderedPrompt, array[int], list[bytes], PromptResult], None]] = []
 
     def _cache_models(self) -> CacheModels | None:
         """Bounded caches (the curve, --cache-size) for the block profiles; Anthropic's
@@ -247,6 +249,8 @@ class Auditor:
             self.conversations.record(view.shape)
         result = self._result(view, match)
         result.bounded_cached_tokens = bounded
+        for observe in self.observers:
+            observe(prompt, ids, match.hashes, result)
         return result
 
     def _contrast_factory(self, prompt: RenderedPrompt, divergence: Divergence | None) -> Callable[[], Contrast | None]:

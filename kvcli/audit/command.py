@@ -14,11 +14,13 @@ from typing import IO
 import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
+from kvcli.audit.baseline import BaselineObserver
 from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
 from kvcli.audit.ordering import advice_size, advise
 from kvcli.audit.parse import to_request
 from kvcli.audit.profiles import get_profile
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
+from kvcli.audit.report_baseline import baseline_dict, baseline_lines, make_observer, write_baseline
 from kvcli.audit.report_capacity import capacity_dict, capacity_html, capacity_lines
 from kvcli.audit.report_diff import diff_lines
 from kvcli.audit.report_groups import groups_dict, groups_html, groups_lines
@@ -55,6 +57,8 @@ class AuditOptions:
     color: bool | None = None
     cache_size: str | None = None
     concurrency: int | None = None
+    write_baseline: str | None = None
+    baseline: str | None = None
 
 
 class StopAudit(Exception):
@@ -170,6 +174,9 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config.capacity = not opts.diff
     _cache_options(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
+    baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
+    if baseline is not None:
+        auditor.observers.append(baseline)
     picked = _diff_requests(opts, stdin, on_problem) if opts.diff else None
     source = picked if picked is not None else _requests(paths, stdin)
     keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
@@ -192,8 +199,11 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     if auditor.summary.prompts < (2 if opts.diff else 1):
         _error("no prompts to audit" + _why_none(problems))
         return EXIT_USAGE
-    _report(opts, auditor, tokenizer.name, results, findings, problems, out)
-    return _exit_status(findings, opts.fail_on)
+    if baseline is not None and opts.write_baseline:
+        click.echo(f"kvcli audit: {write_baseline(baseline, opts.write_baseline)}", err=True)
+    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline)
+    status = _exit_status(findings, opts.fail_on)
+    return EXIT_FINDINGS if baseline is not None and baseline.moved else status
 
 
 def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> None:
@@ -240,6 +250,7 @@ def _report(
     findings: list[Finding],
     problems: list[InputProblem],
     out: IO[bytes],
+    baseline: BaselineObserver | None = None,
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     capacity = auditor.cache_models.report() if auditor.cache_models is not None else None
@@ -259,6 +270,8 @@ def _report(
     if opts.fmt == "json":
         extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
                   "prefix_groups": groups_dict(groups, id_of) if groups is not None else None}
+        if baseline is not None and baseline.expected is not None:
+            extras["baseline"] = baseline_dict(baseline, profile.block_size)
         out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
     elif opts.fmt == "text":
         color = opts.color
@@ -272,6 +285,8 @@ def _report(
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
+            if baseline is not None and baseline.expected is not None:
+                lines += baseline_lines(baseline, profile.block_size, style)
             lines += findings_lines(findings, sources, opts.limit, style)
             if opts.show_blocks:
                 lines += blocks_lines(results, style)

@@ -36,8 +36,8 @@ def summary_lines(tokenizer: str, profile: Profile, s: Summary, problems: int, s
     return lines
 
 
-def excerpt_lines(e: Excerpt, this_label: str, style: Style, indent: str = "      ") -> list[str]:
-    other_label = f"prompt {e.against}" if e.against is not None else "other"
+def excerpt_lines(e: Excerpt, this_label: str, style: Style, indent: str = "      ", other: str = "other") -> list[str]:
+    other_label = f"prompt {e.against}" if e.against is not None else other
     width = max(len(this_label), len(other_label))
     lines = [f"{indent}{this_label:<{width}} │ {e.this}"]
     if e.other is not None:

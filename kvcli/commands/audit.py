@@ -102,6 +102,18 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     help="Prompts in flight during the --cache-size replay (running prompts pin their blocks) [default: 1].",
 )
 @click.option(
+    "--write-baseline",
+    metavar="FILE",
+    default=None,
+    help="Record each prompt's stable prefix (system, tools, schema) as block hashes, per prompt id.",
+)
+@click.option(
+    "--baseline",
+    metavar="FILE",
+    default=None,
+    help="Exit 1 when a prompt's stable prefix moved since --write-baseline FILE (names the block and why).",
+)
+@click.option(
     "--color/--no-color",
     default=None,
     help="Color the text report [default: when stdout is a terminal].",
