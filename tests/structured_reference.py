@@ -45,7 +45,7 @@ class ConstrainedReference:
         from xgrammar.contrib.hf import LogitsProcessor
 
         ids = torch.tensor([prompt])
-        processor = LogitsProcessor(self.grammars.get(params))  # single use: one per call
+        processor = LogitsProcessor(self.grammars.get(params).result())  # single use: one per call
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                   max_new_tokens=self.max_new_tokens, eos_token_id=self.eos,
                                   pad_token_id=self.eos[0], logits_processor=[processor])
@@ -57,7 +57,7 @@ class ConstrainedReference:
         import torch
         import xgrammar as xgr
 
-        matcher = xgr.GrammarMatcher(self.grammars.get(params))
+        matcher = xgr.GrammarMatcher(self.grammars.get(params).result())
         for token in output:
             assert matcher.accept_token(token)
         with torch.no_grad():

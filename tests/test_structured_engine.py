@@ -30,7 +30,7 @@ def test_sampler_writes_only_constrained_rows(llm):
     picks for them equal a sampler without the mask hook."""
     engine = llm.engine
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
-    grammar = engine._grammar(params)
+    grammar = engine._grammar(params).result()
     reqs = [Request(f"r{i}", [5, 6, 7], params if i == 1 else SamplingParams(temperature=0.7))
             for i in range(3)]
     engine.structured.add("r1", grammar)
@@ -105,7 +105,7 @@ def test_matcher_is_rebuilt_from_the_output_tokens(llm):
     engine = llm.engine
     params = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["12345"]))
     req = Request("m", [5], params)
-    engine.structured.add("m", engine._grammar(params))
+    engine.structured.add("m", engine._grammar(params).result())
     for token in engine.tokenizer.encode("12", add_special_tokens=False):
         req.append_output_token(token)
     logits = torch.zeros(1, engine.vocab_size)
@@ -172,3 +172,44 @@ def test_is_valid_checks_independently():
     assert is_valid(StructuredOutputsParams(regex="[0-9]{2}"), "42", False)
     assert not is_valid(StructuredOutputsParams(regex="[0-9]{2}"), "4", True)
     assert is_valid(StructuredOutputsParams(grammar='root ::= "a"'), "a", True)
+
+
+def test_compiling_holds_up_no_running_row(tiny_models, monkeypatch):
+    """While a grammar compiles (held here until released), the other rows keep stepping; the
+    constrained request joins once it is compiled, and a compile that fails fails only it."""
+    import threading
+
+    from kvcli.structured.grammars import GrammarCache
+
+    release = threading.Event()
+    real = GrammarCache._compile
+
+    def slow(self, grammar):
+        assert release.wait(30)
+        return real(self, grammar)
+
+    monkeypatch.setattr(GrammarCache, "_compile", slow)
+    llm = LLM(str(tiny_models["qwen2"]), block_size=4)
+    engine = llm.engine
+    engine.add_request("free", [5, 6, 7], SamplingParams(max_tokens=6))
+    so = StructuredOutputsParams(regex="[0-9]{3}")
+    engine.add_request("held", [5, 6, 8], SamplingParams(max_tokens=8, structured_outputs=so))
+    done = {}
+    for _ in range(6):
+        done.update({o.request_id: o for o in engine.step()})
+    assert "free" in done and "held" not in done and engine.has_unfinished()
+    release.set()
+    while engine.has_unfinished():
+        done.update({o.request_id: o for o in engine.step()})
+    held = done["held"].outputs[0]
+    assert held.finish_reason == "stop" and len(held.text) == 3 and held.text.isdigit()
+
+    def broken(self, grammar):
+        raise RuntimeError("compiler crashed")
+
+    monkeypatch.setattr(GrammarCache, "_compile", broken)
+    engine.add_request("bad", [5], SamplingParams(structured_outputs=StructuredOutputsParams(
+        regex="[a-z]{4}")))
+    (out,) = engine.step()
+    assert out.request_id == "bad" and "compiler crashed" in out.error
+    assert not engine.has_unfinished()

@@ -152,11 +152,13 @@ class LLMEngine:
                           arrival_index=self._arrivals, parent_id=request_id)
             self._arrivals += 1
             children.append(req)
-            if grammar is not None:
-                self.structured.add(rid, grammar)
         self._groups[request_id] = children
         for req in children:
             self._requests[req.request_id] = req
+        if grammar is not None:  # scheduled once it is compiled (see _admit_compiled)
+            self.structured.hold(grammar, children)
+            return
+        for req in children:
             self.scheduler.add_request(req)
 
     def _grammar(self, params: SamplingParams) -> Any:
@@ -195,7 +197,8 @@ class LLMEngine:
                              "(raise --num-blocks / --kv-cache-memory or lower max_tokens)")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or (self.structured is not None
+                                                   and self.structured.pending)
 
     def abort(self, request_id: str) -> None:
         for req in self._groups.pop(request_id, []):
@@ -204,9 +207,10 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
+        admitted = self._admit_compiled()
         out = self.scheduler.schedule()
         if not out.requests:
-            return self._fail_unschedulable()
+            return admitted + self._fail_unschedulable()
         t0 = time.perf_counter()
         tables = [self.kv_manager.get_block_ids(r.request_id) for r in out.requests]
         self.metrics.on_schedule(out, self.kv_manager)
@@ -237,7 +241,25 @@ class LLMEngine:
                 if done is not None:
                     finished.append(done)
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
-        return finished
+        return admitted + finished
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Constrained requests join the scheduler once their grammar is compiled (compiling in
+        a thread holds up no running row); a grammar that failed fails its request."""
+        if self.structured is None or not self.structured.pending:
+            return []
+        if not self.scheduler.has_unfinished():
+            self.structured.wait()  # nothing else to run meanwhile
+        ready, failed = self.structured.ready()
+        for req in ready:
+            self.scheduler.add_request(req)
+        outs = []
+        for req, error in failed:
+            req.error, req.status = error, RequestStatus.FINISHED_ERROR
+            done = self._on_finished(req)
+            if done is not None:
+                outs.append(done)
+        return outs
 
     def _grammar_rejected(self, req: Request) -> RequestStatus | None:
         """Advance a constrained request's matcher; a token it rejects fails the request

@@ -1,8 +1,8 @@
 """Grammar-constrained sampling inside the engine: one matcher per request, masks per step.
 
-The engine calls :meth:`StructuredDecoding.add` when it admits a constrained request
-(compiling its grammar once per run, shared by every request with the same constraint),
-the sampler calls :meth:`mask` on each step's logits before anything else reads them, and
+The engine hands a constrained request's samples to :meth:`StructuredDecoding.hold` while
+its grammar compiles (once per run, shared by every request with the same constraint, in
+a background thread) and schedules them once :meth:`ready` returns them; the sampler calls :meth:`mask` on each step's logits before anything else reads them, and
 the engine calls :meth:`accept` with every token it appends. Only the rows of constrained
 requests are filled and masked: the other rows' logits are never written, so their outputs
 stay byte-identical to a run without structured outputs.
@@ -15,6 +15,7 @@ its grammar was.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +38,43 @@ class StructuredDecoding:
         self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids)
         self.vocab_size = vocab_size
         self._matchers: dict[str, _Matcher] = {}
+        self._held: list[tuple[Future, list[Request]]] = []  # waiting for their grammar
         self.stats = StructuredStats()
 
-    def compile(self, params: StructuredOutputsParams) -> Any:
-        """The compiled grammar (``ValueError("field: reason")`` when it cannot be built)."""
+    def compile(self, params: StructuredOutputsParams) -> Future:
+        """The compiled grammar, as a future (``ValueError("field: reason")`` when there can
+        be no grammar: that is found before compiling)."""
         return self.grammars.get(params)
+
+    def hold(self, compiled: Future, samples: list[Request]) -> None:
+        self._held.append((compiled, samples))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._held)
+
+    def wait(self) -> None:
+        """Block until the oldest held grammar is compiled (when nothing else can run)."""
+        if self._held:
+            wait([self._held[0][0]])
+
+    def ready(self) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Held samples whose grammar is compiled (their matchers made), in arrival order, and
+        those whose compile failed, with the reason."""
+        ok: list[Request] = []
+        failed: list[tuple[Request, str]] = []
+        still: list[tuple[Future, list[Request]]] = []
+        for compiled, samples in self._held:
+            if not compiled.done():
+                still.append((compiled, samples))
+            elif compiled.exception() is not None:
+                failed += [(r, f"structured_outputs: {compiled.exception()}") for r in samples]
+            else:
+                for req in samples:
+                    self.add(req.request_id, compiled.result())
+                ok += samples
+        self._held = still
+        return ok, failed
 
     def add(self, request_id: str, compiled: Any) -> None:
         import xgrammar as xgr
@@ -69,6 +102,9 @@ class StructuredDecoding:
 
     def forget(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+        self._held = [(f, [r for r in samples if r.request_id != request_id])
+                      for f, samples in self._held]
+        self._held = [(f, samples) for f, samples in self._held if samples]
 
     def is_constrained(self, request_id: str) -> bool:
         return request_id in self._matchers
