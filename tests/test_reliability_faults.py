@@ -195,7 +195,7 @@ def test_sigterm_then_double_sigint_stop_promptly_then_resume_completes(job, tmp
     again, tail = complete_lines(out)
     assert tail == b"" and len(again) >= len(rows)
     err = finish(start(job, out, "--resume"), 0)
-    assert f"resuming: {len(again)} requests already in" in err
+    assert f"resuming: {len(again)} request{'s' if len(again) != 1 else ''} already in" in err
     assert canonical(out) == job["clean"]
 
 

@@ -117,7 +117,7 @@ def test_duplicate_ids_on_resume_count_as_done_once_either_is_written(tiny_model
     out.write_text(json.dumps({"id": "a", "text": "x", "finish_reason": "stop"}) + "\n")
     res = CliRunner().invoke(main, ["generate", str(inp), "-o", str(out), "--resume", "--model",
                                     str(tiny_models["llama"])], catch_exceptions=False)
-    assert res.exit_code == 0 and "resuming: 1 requests already in" in res.stderr
+    assert res.exit_code == 0 and "resuming: 1 request already in" in res.stderr
     assert out.read_text().count("\n") == 1  # both lines skipped: the README (Resuming after a kill) says so
 
 
