@@ -213,3 +213,21 @@ def test_compiling_holds_up_no_running_row(tiny_models, monkeypatch):
     (out,) = engine.step()
     assert out.request_id == "bad" and "compiler crashed" in out.error
     assert not engine.has_unfinished()
+
+
+def test_structured_counts_add_up_over_ray_workers():
+    from kvcli.distributed.tally import WorkerTally, merge_stats
+
+    base = {"prefill_tokens_computed": 1, "prefill_tokens_skipped": 0, "decode_tokens": 1,
+            "preemptions": 0, "steps": 1, "forward_s": 0.1, "num_blocks": 8,
+            "peak_blocks_in_use": 1, "evicted_blocks": 0, "block_size": 16,
+            "peak_kv_utilization": 0.5}
+    tallies = []
+    for i, counts in enumerate(({"requests": 3, "invalid": 0, "compile_s": 0.25},
+                                {"requests": 2, "invalid": 0, "compile_s": 0.5})):
+        tally = WorkerTally(i)
+        tally.note_stats("a", {**base, "structured": counts})
+        tallies.append(tally)
+    tallies.append(WorkerTally(2))  # a worker that saw no constrained line
+    merged = merge_stats(tallies, 1.0)
+    assert merged["structured"] == {"requests": 5, "invalid": 0, "compile_s": 0.75}

@@ -84,6 +84,11 @@ def merge_stats(tallies: list[WorkerTally], wall_s: float) -> dict[str, Any]:
         merged["block_size"] = sizes[0]
     merged["peak_kv_utilization"] = max(s["peak_kv_utilization"] for s in per_engine)
     merged["workers"] = [t.row(wall_s) for t in tallies]
+    # Constrained-decoding counts (kvcli/structured/validity.py) add up too; an actor restarted
+    # by Ray reports only what its new engine did.
+    structured = [t._latest["structured"] for t in tallies if "structured" in t._latest]
+    if structured:
+        merged["structured"] = {k: round(sum(d[k] for d in structured), 4) for k in structured[0]}
     prompt = sum(t.prompt_tokens for t in tallies)
     predicted = [t.predicted_cached for t in tallies]
     if prompt and all(p is not None for p in predicted):
