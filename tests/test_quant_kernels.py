@@ -2,8 +2,9 @@
 
 - int8 per output channel: de-quantized weights are exactly ``q * scale`` and within half a
   step (``scale / 2``) of the float weights.
-- GGUF blocks (Q8_0, Q4_0, Q4_1): the native de-quantization equals gguf's own
-  ``gguf.quants.dequantize`` bit for bit.
+- GGUF blocks (Q8_0, Q4_0, Q4_1 from gguf's quantizer; Q4_K, Q5_K, Q6_K as random blocks with
+  sane fp16 scales, since gguf's Python package cannot quantize k-quants): the native
+  de-quantization equals gguf's own ``gguf.quants.dequantize`` bit for bit.
 - The matmul, direct (1-64 rows, de-quantized in registers) and through the float32 GEMM
   (more rows), equals a float64 product of the de-quantized weights within float32 rounding:
   activations stay float32, so the bound is that of a float32 dot product of length K
@@ -21,7 +22,18 @@ from gguf.quants import dequantize, quantize
 
 from kvcli.model import native
 from kvcli.model.quant import QuantError
-from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
+from kvcli.model.quant.weights import (
+    I8,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    QuantWeight,
+    StackedWeight,
+    quantize_int8,
+)
 
 lib = native.load()
 needs_native = pytest.mark.skipif(lib is None, reason="no C compiler: the torch path is used")
@@ -32,7 +44,23 @@ def gguf_weight(kind: int, w: torch.Tensor) -> QuantWeight:
     return QuantWeight(kind, torch.from_numpy(packed), tuple(w.shape))
 
 
+K_QUANTS = {Q4_K: (144, (0, 2)), Q5_K: (176, (0, 2)), Q6_K: (210, (208,))}  # bytes, fp16 at
+
+
+def random_k_quant(kind: int, out_f: int, in_f: int, seed: int) -> QuantWeight:
+    """Random k-quant blocks (every bit pattern is a valid block) with small fp16 scales."""
+    rng = np.random.default_rng(seed)
+    block_bytes, halves = K_QUANTS[kind]
+    blocks = rng.integers(0, 256, (out_f, in_f // 256, block_bytes), dtype=np.uint8)
+    for at in halves:
+        scale = rng.uniform(0.0005, 0.004, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, at : at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return QuantWeight(kind, torch.from_numpy(blocks.reshape(out_f, -1)), (out_f, in_f))
+
+
 def make_weight(kind: int, out_f: int, in_f: int, seed: int = 0) -> QuantWeight:
+    if kind in K_QUANTS:
+        return random_k_quant(kind, out_f, in_f, seed)
     torch.manual_seed(seed)
     w = torch.randn(out_f, in_f) / in_f**0.5
     return quantize_int8(w) if kind == I8 else gguf_weight(kind, w)
@@ -51,10 +79,11 @@ def test_int8_round_trip_is_within_half_a_step():
 
 
 @needs_native
-@pytest.mark.parametrize("kind", [Q8_0, Q4_0, Q4_1])
+@pytest.mark.parametrize("kind", [Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K])
 def test_gguf_dequantize_equals_gguf_reference_exactly(kind):
-    q = make_weight(kind, 37, 160, seed=kind)
-    expected = dequantize(q.data.numpy(), GGMLQuantizationType(kind)).reshape(37, 160)
+    in_f = 512 if kind in K_QUANTS else 160
+    q = make_weight(kind, 37, in_f, seed=kind)
+    expected = dequantize(q.data.numpy(), GGMLQuantizationType(kind)).reshape(37, in_f)
     assert np.array_equal(q.dequantize().numpy(), expected)
     rows = torch.tensor([5, 0, 36, 5])
     assert np.array_equal(q.dequantize(rows).numpy(), expected[[5, 0, 36, 5]])
@@ -71,12 +100,12 @@ def test_dequantize_without_compiler_matches(monkeypatch):
 
 
 @needs_native
-@pytest.mark.parametrize("kind", [I8, Q8_0, Q4_0, Q4_1])
+@pytest.mark.parametrize("kind", [I8, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K])
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 64, 70])
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_matmul_equals_float64_of_dequantized(kind, rows, threads, monkeypatch):
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
-    out_f, in_f = 37, 192  # 37: an odd channel left past the last pair
+    out_f, in_f = 37, 512 if kind in K_QUANTS else 192  # 37: a channel past the last pair
     q = make_weight(kind, out_f, in_f, seed=rows)
     w64 = q.dequantize().double()
     x = torch.randn(rows, in_f)
@@ -98,3 +127,14 @@ def test_matmul_keeps_leading_dims():
 def test_rows_must_hold_whole_blocks():
     with pytest.raises(QuantError, match="32-blocks"):
         QuantWeight(I8, torch.zeros(4, 48, dtype=torch.int8), (4, 48), torch.ones(4))
+
+
+@needs_native
+def test_stacked_parts_of_different_types():
+    """q/k/v in different types (a Q4_K_M file's Q6_K v) run part by part, side by side."""
+    parts = [make_weight(Q4_K, 16, 256, seed=1), make_weight(Q6_K, 8, 256, seed=2)]
+    stacked = StackedWeight(parts)
+    dense = torch.cat([p.dequantize() for p in parts])
+    assert stacked.shape == (24, 256) and torch.equal(stacked.dequantize(), dense)
+    x, bias = torch.randn(5, 256), torch.randn(24)
+    assert torch.allclose(stacked.linear(x, bias), x @ dense.T + bias, atol=1e-4, rtol=1e-4)

@@ -25,7 +25,7 @@ log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("pool.c", "gemm.c", "paged_attention.c", "elementwise.c", "qgemm.c"))
-HEADERS = (Path(__file__).with_name("pool.h"),)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add

@@ -17,7 +17,7 @@ from kvcli.model.layers import Embedding, Linear
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_tensors
-from kvcli.model.quant.weights import QuantWeight, quantize_int8
+from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 
 
 class QuantEmbedding(nn.Module):
@@ -31,7 +31,7 @@ class QuantEmbedding(nn.Module):
         return self.weight.dequantize(ids).reshape(*ids.shape, self.weight.shape[1])
 
 
-def _set_linear_weight(linear: Linear, weight: QuantWeight) -> None:
+def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight) -> None:
     del linear.weight  # drop the float Parameter: the float32 matrix is freed with it
     linear.weight = weight
 
@@ -57,12 +57,11 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     return _finish(model)
 
 
-def _stack(parts: list[QuantWeight], where: str) -> QuantWeight:
-    """q/k/v (or gate/up) as one weight: rows concatenated, which needs one shared type."""
-    kinds = {p.kind for p in parts}
-    if len(kinds) != 1:
-        raise QuantError(f"{where}: fused projections in different types {sorted(kinds)} "
-                         "are not supported yet")
+def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
+    """q/k/v (or gate/up) as one weight: rows concatenated where they share a type (one
+    matmul: this copies their packed bytes once), else one matmul per part."""
+    if len({p.kind for p in parts}) > 1:
+        return StackedWeight(parts)
     out_features = sum(p.shape[0] for p in parts)
     data = torch.cat([p.data for p in parts]) if len(parts) > 1 else parts[0].data
     return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
@@ -91,7 +90,7 @@ def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
         module = model.get_submodule(target.rsplit(".", 1)[0])
         if len(parts) != len(module.output_sizes):
             raise QuantError(f"{path}: {target} lacks some of its {len(module.output_sizes)} parts")
-        _set_linear_weight(module, _stack([parts[i] for i in sorted(parts)], target))
+        _set_linear_weight(module, _stack([parts[i] for i in sorted(parts)]))
     missing = sorted(set(params) - loaded)
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")

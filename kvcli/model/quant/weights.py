@@ -22,9 +22,9 @@ from kvcli.model.quant import QuantError
 
 # GGML type ids (gguf.GGMLQuantizationType) of the formats the native kernel runs; I8 is kvcli's
 # per-output-channel int8 (GGML's I8 id: an int8 per weight; the scales live beside it).
-Q4_0, Q4_1, Q8_0, I8 = 2, 3, 8, 24
-NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q8_0, I8})
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, I8: 32}  # per 32 weights
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, I8 = 2, 3, 8, 12, 13, 14, 24
+NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, I8})
+BLOCK_ELEMS = {Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block; 32 for the others
 DIRECT_MAX_ROWS = int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64"))
 
 
@@ -43,8 +43,10 @@ class QuantWeight:
 
     def __post_init__(self) -> None:
         out_features, in_features = self.shape
-        if in_features % 32 or self.data.shape[0] != out_features:
-            raise QuantError(f"quantized weight {self.shape}: rows must hold whole 32-blocks")
+        block = BLOCK_ELEMS.get(self.kind, 32)
+        if in_features % block or self.data.shape[0] != out_features:
+            raise QuantError(f"quantized weight {self.shape}: rows must hold whole "
+                             f"{block}-blocks")
         self.data = self.data.contiguous()
 
     @property
@@ -104,3 +106,30 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return QuantWeight(I8, q.contiguous(), tuple(w.shape), scale.contiguous())
+
+
+@dataclass(eq=False)
+class StackedWeight:
+    """Fused projections (q/k/v, gate/up) whose GGUF tensors differ in type (Q4_K_M files keep
+    v in Q6_K): one matmul per part, outputs side by side."""
+
+    parts: list[QuantWeight]
+
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = torch.cat([p.linear(x, None) for p in self.parts], dim=-1)
+        return y if bias is None else y + bias
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        dense = torch.cat([p.dequantize() for p in self.parts])
+        return dense if rows is None else dense[rows]
