@@ -17,7 +17,13 @@ from kvcli.audit.capacity import CacheModels
 from kvcli.audit.contrast import Contrast, build_contrast
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.groups import GroupsReport, SegmentStore, locate, prefix_groups
-from kvcli.audit.hits import BreakpointCache, BreakpointRead, block_cached_tokens, usable_blocks
+from kvcli.audit.hits import (
+    BreakpointCache,
+    BreakpointRead,
+    block_cached_tokens,
+    radix_cached_tokens,
+    usable_blocks,
+)
 from kvcli.audit.prefix_index import Match, PrefixIndex
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import (
@@ -144,7 +150,7 @@ class Auditor:
         return [f for rule in self.rules for f in rule.finish()]
 
     def prefix_groups(self) -> GroupsReport:
-        report = prefix_groups(self.index, self.summary.tokens)
+        report = prefix_groups(self.index, self.summary.tokens, block_hits=self.profile.hit_model != "tokens")
         locate(report, self.index, self.text_of, self.tokenizer.char_offset, self.segments)
         return report
 
@@ -211,6 +217,8 @@ class Auditor:
         profile = self.profile
         if profile.hit_model == "blocks":
             return block_cached_tokens(match.blocks, len(ids), profile.block_size, profile.keep_last_token, min_tokens), None
+        if profile.hit_model == "tokens":
+            return radix_cached_tokens(match.lcp, len(ids), profile.keep_last_token, min_tokens), None
         marked = [j for j, s in enumerate(prompt.segments) if s.cache_control]
         if not marked:  # automatic caching: the breakpoint sits on the last block before generation
             content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]

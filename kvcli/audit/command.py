@@ -215,7 +215,8 @@ def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditToke
     if opts.cache_size is None:
         return
     if config.profile.hit_model != "blocks":
-        raise InputError(f"--cache-size: the {config.profile.name} profile reads at breakpoints, not from a block pool")
+        how = "reads at breakpoints" if config.profile.hit_model == "breakpoints" else "caches tokens in a radix tree"
+        raise InputError(f"--cache-size: the {config.profile.name} profile {how}, not from a block pool")
     try:
         config.cache_blocks = parse_size(opts.cache_size, config.profile.block_size, config.token_bytes)
     except SizeError as err:

@@ -36,11 +36,18 @@ class PrefixGroup:
     segment: str | None = None  # and in which part of it
 
 
+UPPER_BOUND = ("an upper bound for any cache size and any order: the tokens in full blocks that an "
+               "earlier prompt also has (each prompt still computes its last token)")
+NOT_A_BOUND = ("the tokens in full blocks that an earlier prompt also has; a token-granular cache (this "
+               "profile) also reuses the shared part of a partial block, so it is not a bound here")
+
+
 @dataclass(slots=True)
 class GroupsReport:
     tokens: int
     cacheable_tokens: int
     groups: list[PrefixGroup] = field(default_factory=list)
+    meaning: str = UPPER_BOUND  # NOT_A_BOUND for token-granular profiles
 
     @property
     def cacheability(self) -> float:
@@ -86,7 +93,7 @@ def _counts(index: PrefixIndex) -> tuple[array, array]:
     return through, widest_child
 
 
-def prefix_groups(index: PrefixIndex, total_tokens: int, top: int = TOP_GROUPS) -> GroupsReport:
+def prefix_groups(index: PrefixIndex, total_tokens: int, top: int = TOP_GROUPS, block_hits: bool = True) -> GroupsReport:
     parent, owner, _, hashes = index.tree()
     bs, n = index.block_size, len(parent)
     through, widest_child = _counts(index)
@@ -103,7 +110,7 @@ def prefix_groups(index: PrefixIndex, total_tokens: int, top: int = TOP_GROUPS) 
         if through[v] >= 2 and widest_child[v] < through[v]:
             below = depth[v] - (depth[enclosing[v]] if enclosing[v] >= 0 else 0)
             candidates.append(((through[v] - 1) * below * bs, v))
-    report = GroupsReport(total_tokens, cacheable)
+    report = GroupsReport(total_tokens, cacheable, meaning=UPPER_BOUND if block_hits else NOT_A_BOUND)
     for saved, v in heapq.nlargest(top, candidates):
         report.groups.append(PrefixGroup(v, depth[v] * bs, through[v], saved, [], owner[v]))
     _examples(index, report.groups)

@@ -44,6 +44,13 @@ def block_cached_tokens(matched: int, num_tokens: int, block_size: int, keep_las
     return tokens if tokens >= min_tokens else 0
 
 
+def radix_cached_tokens(shared: int, num_tokens: int, keep_last_token: bool, min_tokens: int) -> int:
+    """A token-granular cache (SGLang's radix tree): the longest shared token prefix, less the
+    last token when the whole prompt is shared."""
+    tokens = min(shared, num_tokens - 1) if keep_last_token else shared
+    return max(0, tokens) if tokens >= min_tokens else 0
+
+
 def predict_cached_tokens(
     token_id_lists: Sequence[Sequence[int]],
     block_size: int = DEFAULT_BLOCK_SIZE,

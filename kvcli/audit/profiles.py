@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-HitModel = Literal["blocks", "breakpoints"]
+HitModel = Literal["blocks", "tokens", "breakpoints"]
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     summary: str
-    hit_model: HitModel  # "blocks": leading full blocks by hash; "breakpoints": Anthropic
+    hit_model: HitModel  # "blocks": leading full blocks by hash; "tokens": a radix tree; "breakpoints": Anthropic
     block_size: int  # hashing unit; for "blocks" also the hit increment
     min_tokens: int  # shortest cacheable prefix (0: one block)
     keep_last_token: bool  # the engine always computes at least one token
@@ -74,6 +74,19 @@ PROFILES: dict[str, Profile] = {
         source="kvcli/hashing.py; vLLM v1 KVCacheManager.get_computed_blocks (max hit = prompt - 1)",
         as_of="kvcli 0.1.0",
     ),
+    "sglang": Profile(
+        name="sglang",
+        summary="SGLang RadixAttention: the longest token prefix any earlier request has in the radix "
+        "tree, token-granular (page size 1: no block rounding), at most the prompt length - 1",
+        hit_model="tokens",
+        block_size=16,  # the audit's index granularity only: hits are counted per token
+        min_tokens=1,
+        keep_last_token=True,
+        per_segment_tokens=False,
+        source="sglang python/sglang/srt/managers/schedule_batch.py _compute_max_prefix_len "
+        "(input_len - 1); mem_cache/radix_cache.py (page_size 1 by default)",
+        as_of="SGLang 0.5 (2025)",
+    ),
     "openai": Profile(
         name="openai",
         summary="automatic exact-prefix caching from 1024 tokens, hits in 128-token increments",
@@ -102,6 +115,18 @@ PROFILES: dict[str, Profile] = {
         as_of="2026-05-04",
     ),
 }
+
+
+# vLLM v1 caches exactly as kvcli does (kvcli follows it); only the hash function differs.
+PROFILES["vllm"] = replace(
+    PROFILES["kvcli"],
+    name="vllm",
+    summary="vLLM v1 automatic prefix caching: full blocks of 16 tokens hashed with their parent, "
+    "longest run of leading cached blocks, the last prompt token always recomputed",
+    source="vllm/v1/core/kv_cache_manager.py get_computed_blocks (max_cache_hit_length = num_tokens - 1), "
+    "block_size 16 (vllm/config/cache.py); docs.vllm.ai design/prefix_caching",
+    as_of="vLLM 0.10-0.11 (2025)",
+)
 
 
 def get_profile(name: str) -> Profile:

@@ -10,8 +10,6 @@ from kvcli.audit.groups import GroupsReport, PrefixGroup
 from kvcli.audit.style import Style
 
 TEXT_GROUPS = 5
-UPPER_BOUND = ("an upper bound for any cache size and any order: the tokens in full blocks that an "
-               "earlier prompt also has (each prompt still computes its last token)")
 
 IdOf = Callable[[int], str | None]
 
@@ -29,7 +27,7 @@ def _where(g: PrefixGroup) -> str:
 def groups_lines(report: GroupsReport, id_of: IdOf, style: Style) -> list[str]:
     lines = ["", style("── shared prefixes ", "bold") + "─" * 53,
              f"  cacheability {report.cacheability:.1%} ({report.cacheable_tokens:,} of {report.tokens:,} tokens): "
-             f"{UPPER_BOUND}"]  # fmt: skip
+             f"{report.meaning}"]  # fmt: skip
     if not report.groups:
         return [*lines, "  no prefix of a full block is shared by two prompts"]
     lines.append(f"  {'tokens':>9} {'prompts':>8} {'saves':>10}  ends at (in its first prompt)     prompts")
@@ -46,7 +44,7 @@ def groups_lines(report: GroupsReport, id_of: IdOf, style: Style) -> list[str]:
 def groups_dict(report: GroupsReport, id_of: IdOf) -> dict[str, Any]:
     return {
         "cacheability": report.cacheability, "cacheable_tokens": report.cacheable_tokens,
-        "tokens": report.tokens, "meaning": UPPER_BOUND,
+        "tokens": report.tokens, "meaning": report.meaning,
         "groups": [{"tokens": g.tokens, "prompts": g.prompts, "tokens_saved": g.tokens_saved,
                     "first_prompt": g.owner, "prompt_ids": [id_of(i) for i in g.examples],
                     "prompt_indexes": g.examples, "ends_at_char": g.char, "ends_in": g.segment}
@@ -66,4 +64,4 @@ def groups_html(report: GroupsReport, id_of: IdOf) -> str:
     )
     head = "<tr><th>tokens</th><th>prompts</th><th>saves</th><th>ends in</th><th>prompts</th></tr>"
     return (f'<h2>Shared prefixes</h2><p id="cacheability">cacheability <b>{report.cacheability:.1%}</b>: '
-            f'{escape(UPPER_BOUND)}</p><table class="f" id="groups">{head}{rows}</table>')
+            f'{escape(report.meaning)}</p><table class="f" id="groups">{head}{rows}</table>')

@@ -121,7 +121,7 @@ def shape_of(rendered: RenderedPrompt, printer: ToolPrinter) -> RequestShape | N
 SYSTEM_ROLES = ("system", "developer")
 MIN_RUN = 2  # consecutive non-system messages two requests must share to be one conversation
 INDEX_TAIL = 4  # each request indexes its last few non-system messages (kept turns of a compaction)
-INDEX_CAP = 1 << 20  # message index entries (bounded memory: the oldest entries go first)
+INDEX_CAP = 1 << 18  # message index entries (bounded memory: the oldest entries go first)
 
 
 def longest_common_run(a: list[int], b: list[int]) -> tuple[int, int, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-PROFILE_NAMES = ("kvcli", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
+PROFILE_NAMES = ("kvcli", "vllm", "sglang", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
 
@@ -19,7 +19,8 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     type=click.Choice(PROFILE_NAMES),
     default="kvcli",
     show_default=True,
-    help="Cache rules: this engine, OpenAI (1024-token minimum, 128-token steps) or Anthropic (breakpoints).",
+    help="Cache rules: this engine, vLLM (the same block rule), SGLang (token-granular radix tree), "
+    "OpenAI (1024-token minimum, 128-token steps) or Anthropic (breakpoints).",
 )
 @click.option(
     "--tokenizer",
