@@ -15,15 +15,10 @@ from itertools import accumulate
 
 from kvcli.audit.capacity import CacheModels
 from kvcli.audit.contrast import Contrast, build_contrast
+from kvcli.audit.counting import HitCounter
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.groups import GroupsReport, SegmentStore, locate, prefix_groups
-from kvcli.audit.hits import (
-    BreakpointCache,
-    BreakpointRead,
-    block_cached_tokens,
-    radix_cached_tokens,
-    usable_blocks,
-)
+from kvcli.audit.hits import usable_blocks
 from kvcli.audit.prefix_index import Match, PrefixIndex
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import (
@@ -64,6 +59,7 @@ class AuditConfig:
     cache_blocks: int | None = None  # --cache-size: replay through the engine's pool of this size
     concurrency: int = 1
     token_bytes: int | None = None  # KV bytes per token (--model): sizes in bytes too
+    ttl: float | None = None  # --cache-ttl: a cached prefix's lifetime (default: the provider's)
 
 
 @dataclass(slots=True)
@@ -85,7 +81,7 @@ class Auditor:
         self.profile = config.profile
         self.tokenizer = tokenizer
         self.index = PrefixIndex(self.profile.block_size)
-        self.breakpoints = BreakpointCache(self.profile.lookback_blocks)
+        self.hits = HitCounter.make(self.profile, config.ttl)
         self.texts = TextStore(config.text_budget_chars)
         self.summary = Summary()
         self._ids: list[str | None] = []
@@ -213,19 +209,6 @@ class Auditor:
 
         return whole
 
-    def _cached(self, prompt: RenderedPrompt, ids: array[int], ends: list[int], match: Match, min_tokens: int) -> tuple[int, BreakpointRead | None]:
-        profile = self.profile
-        if profile.hit_model == "blocks":
-            return block_cached_tokens(match.blocks, len(ids), profile.block_size, profile.keep_last_token, min_tokens), None
-        if profile.hit_model == "tokens":
-            return radix_cached_tokens(match.lcp, len(ids), profile.keep_last_token, min_tokens), None
-        marked = [j for j, s in enumerate(prompt.segments) if s.cache_control]
-        if not marked:  # automatic caching: the breakpoint sits on the last block before generation
-            content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]
-            marked = content[-1:]
-        read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens)
-        return read.cached, read
-
     def _audit(self, prompt: RenderedPrompt, ids: array[int], raw: bytes, ends: list[int]) -> PromptResult:
         request, bs = prompt.request, self.profile.block_size
         shape = shape_of(prompt, self._printer)
@@ -233,7 +216,7 @@ class Auditor:
         hint = previous.index if previous is not None else prompt.index - 1
         match = self.index.match(ids, raw, request.cache_salt, hint)
         min_tokens = self.profile.min_tokens_for(request.model)
-        cached, read = self._cached(prompt, ids, ends, match, min_tokens)
+        cached, read = self.hits.cached(prompt, ids, ends, match, min_tokens)
         divergence = None
         if match.against is not None:
             char = self.tokenizer.char_offset(prompt.text, ids, match.lcp)
@@ -247,6 +230,7 @@ class Auditor:
         self._sessions.append(request.session)
         self._run_rules(view)
         nodes = self.index.insert(prompt.index, raw, request.cache_salt, match)
+        self.hits.after(nodes, request.time)
         if len(nodes) > match.blocks:  # it owns new blocks: it may be a shared prefix's first prompt
             self.segments.put(prompt.index, prompt.segments)
         bounded = None

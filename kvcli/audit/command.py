@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Callable, Iterator
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,9 @@ from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.baseline import BaselineObserver
 from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
 from kvcli.audit.ordering import advice_size, advise
-from kvcli.audit.parse import to_request
 from kvcli.audit.profiles import get_profile
-from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptRequest, PromptResult
+from kvcli.audit.reading import diff_requests, relabel, requests
+from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptResult
 from kvcli.audit.report_baseline import baseline_dict, baseline_lines, make_observer, write_baseline
 from kvcli.audit.report_capacity import capacity_dict, capacity_html, capacity_lines
 from kvcli.audit.report_diff import diff_lines
@@ -27,7 +26,8 @@ from kvcli.audit.report_groups import groups_dict, groups_html, groups_lines
 from kvcli.audit.report_html import html_page
 from kvcli.audit.report_json import document, jsonl_line
 from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
-from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
+from kvcli.audit.report_timing import timing_dict, timing_lines
+from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
 from kvcli.audit.tokenizers import (
     AuditTokenizer,
@@ -59,6 +59,8 @@ class AuditOptions:
     concurrency: int | None = None
     write_baseline: str | None = None
     baseline: str | None = None
+    time_field: str | None = None
+    cache_ttl: float | None = None
 
 
 class StopAudit(Exception):
@@ -67,58 +69,6 @@ class StopAudit(Exception):
 
 def _error(message: str) -> None:
     click.echo(f"kvcli audit: error: {message}", err=True)
-
-
-def _requests(paths: list[str], stdin: IO[bytes] | None) -> Iterator[PromptRequest | InputProblem]:
-    for item in iter_records(paths, stdin):
-        yield to_request(item.value, item.where, item.is_text) if isinstance(item, RawRecord) else item
-
-
-Problem = Callable[[InputProblem], None]
-
-
-def _select(requests: Iterator[PromptRequest | InputProblem], keys: tuple[str, str], on_problem: Problem) -> list[PromptRequest]:
-    """The prompts named by `keys`: by id, else by 0-based index (streamed: nothing else is kept)."""
-    by_id: dict[str, PromptRequest] = {}
-    by_index: dict[str, PromptRequest] = {}
-    position = 0
-    for item in requests:
-        if isinstance(item, InputProblem):
-            on_problem(item)
-            continue
-        if item.id in keys:
-            by_id.setdefault(item.id, item)
-        if str(position) in keys:
-            by_index[str(position)] = item
-        item.position = position
-        position += 1
-    picked = []
-    for key in keys:
-        found = by_id.get(key) or by_index.get(key)
-        if found is None:
-            raise InputError(f"--diff {key}: no prompt with that id or index (the input has {position})")
-        picked.append(found)
-    return picked
-
-
-def _diff_requests(opts: AuditOptions, stdin: IO[bytes] | None, on_problem: Problem) -> list[PromptRequest]:
-    assert opts.diff is not None
-    if opts.paths:
-        return _select(_requests(check_paths(opts.paths), stdin), opts.diff, on_problem)
-    picked = []
-    for spec in opts.diff:  # two files: the first prompt of each
-        first = next((r for r in _requests(check_paths([spec]), stdin) if not _problem(r, on_problem)), None)
-        if first is None:
-            raise InputError(f"--diff {spec}: no prompt in it")
-        picked.append(first)
-    return picked
-
-
-def _problem(item: PromptRequest | InputProblem, on_problem: Problem) -> bool:
-    if isinstance(item, InputProblem):
-        on_problem(item)
-        return True
-    return False
 
 
 def _exit_status(findings: list[Finding], fail_on: str) -> int:
@@ -172,13 +122,14 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     excerpts = bool(opts.html_path or opts.diff)
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     config.capacity = not opts.diff
+    config.ttl = opts.cache_ttl
     _cache_options(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
     if baseline is not None:
         auditor.observers.append(baseline)
-    picked = _diff_requests(opts, stdin, on_problem) if opts.diff else None
-    source = picked if picked is not None else _requests(paths, stdin)
+    picked = diff_requests(opts.paths, opts.diff, stdin, on_problem) if opts.diff else None
+    source = picked if picked is not None else requests(paths, stdin, opts.time_field)
     keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
     results: list[PromptResult] = []
     findings: list[Finding] = []
@@ -190,7 +141,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         findings.extend(result.findings)
     findings += auditor.finish()
     if picked is not None:
-        _relabel(results, picked)
+        relabel(results, picked)
     if auditor.tools_ignored:
         first = auditor.tools_ignored[0]
         click.echo(f"kvcli audit: warning: the model's chat template ignores `tools`; they are not "
@@ -222,17 +173,6 @@ def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditToke
     except SizeError as err:
         raise InputError(str(err)) from err
     config.concurrency = opts.concurrency or 1
-
-
-def _relabel(results: list[PromptResult], picked: list[PromptRequest]) -> None:
-    """--diff audits the two prompts alone: name them by their places in the input again."""
-    where = {r.index: req.position for r, req in zip(results, picked, strict=False)
-             if req.position is not None}
-    for result in results:
-        result.index = where.get(result.index, result.index)
-        for f in result.findings:
-            f.prompt = where.get(f.prompt, f.prompt)
-            f.against = where.get(f.against, f.against) if f.against is not None else None
 
 
 def _why_none(problems: list[InputProblem]) -> str:
@@ -270,6 +210,7 @@ def _report(
         click.echo(f"kvcli audit: wrote {opts.html_path}", err=True)
     if opts.fmt == "json":
         extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
+                  "provider_replay": timing_dict(auditor.hits),
                   "prefix_groups": groups_dict(groups, id_of) if groups is not None else None}
         if baseline is not None and baseline.expected is not None:
             extras["baseline"] = baseline_dict(baseline, profile.block_size)
@@ -284,6 +225,7 @@ def _report(
         else:
             sources = {r.index: r.source for r in results}
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
+            lines += timing_lines(auditor.hits, style)
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
             if baseline is not None and baseline.expected is not None:

@@ -79,16 +79,19 @@ class BreakpointRead:
     cached: int  # tokens read at a breakpoint
     reachable: int  # longest prefix an earlier request wrote, ignoring the lookback limit
     breakpoints: int  # breakpoints this request has
+    written: int = 0  # tokens past the read that this request wrote (billed as cache writes)
 
 
 class BreakpointCache:
-    """Anthropic-style writes and reads at content-block boundaries."""
+    """Anthropic-style writes and reads at content-block boundaries; with request times, an
+    entry lives `ttl` seconds after its last write or read."""
 
-    __slots__ = ("lookback", "_written")
+    __slots__ = ("lookback", "ttl", "_written")
 
-    def __init__(self, lookback: int) -> None:
+    def __init__(self, lookback: int, ttl: float | None = None) -> None:
         self.lookback = lookback
-        self._written: set[bytes] = set()
+        self.ttl = ttl
+        self._written: dict[bytes, float | None] = {}  # prefix hash -> last write or read
 
     @staticmethod
     def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
@@ -100,22 +103,32 @@ class BreakpointCache:
             start = end
         return hashes
 
+    def _alive(self, h: bytes, now: float | None) -> bool:
+        if h not in self._written:
+            return False
+        then = self._written[h]
+        return self.ttl is None or now is None or then is None or now - then <= self.ttl
+
     def step(
-        self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int
+        self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int,
+        now: float | None = None,
     ) -> BreakpointRead:
         """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block indexes."""
         hashes = self._prefix_hashes(ids, ends, salt)
-        cached = reachable = 0
+        cached = reachable = written = 0
         for b in marked:
             for j in range(b, max(-1, b - self.lookback), -1):
-                if hashes[j] in self._written:
+                if self._alive(hashes[j], now):
                     cached = max(cached, ends[j])
+                    self._written[hashes[j]] = now  # a read refreshes the entry
                     break
         for j in range(len(ends) - 1, -1, -1):
-            if hashes[j] in self._written:
+            if self._alive(hashes[j], now):
                 reachable = ends[j]
                 break
         for b in marked:
             if ends[b] >= min_tokens:
-                self._written.add(hashes[b])
-        return BreakpointRead(cached, reachable, len(marked))
+                if not self._alive(hashes[b], now):
+                    written = max(written, ends[b] - cached)
+                self._written[hashes[b]] = now
+        return BreakpointRead(cached, reachable, len(marked), written)

@@ -44,6 +44,7 @@ class PromptRequest:
     token_ids: list[int] | None = None  # prompt_token_ids: hashed as given (needs --model)
     prompt: Prompt | None = None  # the shared request model's prompt (None: a text file)
     position: int | None = None  # 0-based place in the input, where --diff picked it
+    time: float | None = None  # seconds since the epoch (created, timestamp, --time-field)
 
     @property
     def is_chat(self) -> bool:

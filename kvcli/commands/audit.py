@@ -103,6 +103,19 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     help="Prompts in flight during the --cache-size replay (running prompts pin their blocks) [default: 1].",
 )
 @click.option(
+    "--time-field",
+    metavar="NAME",
+    default=None,
+    help="The request time field (Unix seconds or ISO 8601; a.b for nested) [default: created, else timestamp].",
+)
+@click.option(
+    "--cache-ttl",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds a cached prefix lives after its last use, for timed requests [default: the provider's: "
+    "openai 300, anthropic 300; engines: none].",
+)
+@click.option(
     "--write-baseline",
     metavar="FILE",
     default=None,

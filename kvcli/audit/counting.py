@@ -1,0 +1,58 @@
+"""Each prompt's cached tokens under the profile's rule (hits.py), with provider lifetimes
+(timing.py) when requests carry times, and the cost estimate for provider profiles."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from kvcli.audit.hits import (
+    BreakpointCache,
+    BreakpointRead,
+    block_cached_tokens,
+    radix_cached_tokens,
+)
+from kvcli.audit.prefix_index import Match
+from kvcli.audit.profiles import Profile
+from kvcli.audit.records import RenderedPrompt
+from kvcli.audit.timing import LIFETIME_S, Clock, Cost
+
+
+@dataclass(slots=True)
+class HitCounter:
+    profile: Profile
+    clock: Clock
+    breakpoints: BreakpointCache
+    cost: Cost | None = None  # providers only: they bill cached tokens differently
+
+    @classmethod
+    def make(cls, profile: Profile, ttl: float | None = None) -> HitCounter:
+        lifetime = ttl if ttl is not None else LIFETIME_S.get(profile.name)
+        cost = Cost(profile.name) if profile.name in ("openai", "anthropic") else None
+        return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost)
+
+    def cached(self, prompt: RenderedPrompt, ids: array, ends: list[int], match: Match,
+               min_tokens: int) -> tuple[int, BreakpointRead | None]:
+        profile, now = self.profile, prompt.request.time
+        read = None
+        if profile.hit_model == "blocks":
+            bs, keep = profile.block_size, profile.keep_last_token
+            live = self.clock.live_blocks(match.nodes, match.blocks, now)
+            cached = block_cached_tokens(live, len(ids), bs, keep, min_tokens)
+            self.clock.expired_tokens += block_cached_tokens(match.blocks, len(ids), bs, keep, min_tokens) - cached
+        elif profile.hit_model == "tokens":
+            cached = radix_cached_tokens(match.lcp, len(ids), profile.keep_last_token, min_tokens)
+        else:
+            marked = [j for j, s in enumerate(prompt.segments) if s.cache_control]
+            if not marked:  # automatic caching: the breakpoint sits on the last block before generation
+                content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]
+                marked = content[-1:]
+            read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, now)
+            cached = read.cached
+        if self.cost is not None:
+            self.cost.add(prompt.request.model, len(ids), cached, read.written if read else 0)
+        return cached, read
+
+    def after(self, nodes: list[int], now: float | None) -> None:
+        """The prompt ran: its blocks were used now."""
+        self.clock.touch(nodes if self.profile.hit_model == "blocks" else [], now)

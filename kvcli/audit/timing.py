@@ -1,0 +1,127 @@
+"""Time-aware provider replay: request times, cache lifetimes, and a cost estimate.
+
+Providers expire cached prefixes by time, not only by room: OpenAI after a few minutes
+of inactivity, Anthropic 5 minutes after the last read or write (1 hour on request).
+When lines carry a time (`created`, `timestamp`, or `--time-field`), a block or breakpoint
+not used within the profile's lifetime is a miss. Without times the replay assumes no
+expiry, and says so. Prices are multipliers of the base input price, data with sources.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+TIME_FIELDS = ("created", "timestamp")
+
+# OpenAI: "cached prefixes generally remain active for 5 to 10 minutes of inactivity, up to
+# one hour during off-peak" (platform.openai.com/docs/guides/prompt-caching, 2025): the low
+# end is what can be counted on. Anthropic: 5-minute default TTL, refreshed on each hit
+# (docs.anthropic.com build-with-claude/prompt-caching, 2025); "ttl": "1h" is not read per
+# breakpoint: give --cache-ttl 3600 for it.
+LIFETIME_S = {"openai": 300.0, "anthropic": 300.0}
+
+# (model id prefix, cached input price / input price), platform.openai.com/docs/pricing,
+# copy of 2025-08: gpt-4o $2.50 -> $1.25, gpt-4.1 $2.00 -> $0.50, gpt-5 $1.25 -> $0.125.
+OPENAI_READ = (("gpt-5", 0.1), ("gpt-4.1", 0.25), ("o3", 0.25), ("o4-mini", 0.25), ("gpt-4o", 0.5), ("o1", 0.5))
+OPENAI_DEFAULT_READ = 0.5
+# Anthropic (docs.anthropic.com/en/docs/about-claude/pricing, 2025): writes 1.25x (5-minute
+# TTL) or 2x (1 hour), reads 0.1x the base input price, for every current model.
+ANTHROPIC_WRITE, ANTHROPIC_READ = 1.25, 0.1
+PRICES_AS_OF = "2025-08"
+
+
+class TimeFieldError(ValueError):
+    """A time field that is neither Unix seconds nor ISO 8601; the message names the field."""
+
+
+def _lookup(value: dict[str, Any], path: str) -> Any:
+    for scope in (value, value.get("body"), value.get("params")):
+        node: Any = scope
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def request_time(value: Any, field: str | None) -> float | None:
+    """Seconds since the epoch from a line's time field (a top-level, body or params key)."""
+    if not isinstance(value, dict):
+        return None
+    names = (field,) if field else TIME_FIELDS
+    for name in names:
+        raw = _lookup(value, name)
+        if raw is None:
+            continue
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise TimeFieldError(f"{name}: expected Unix seconds or an ISO 8601 time, got {type(raw).__name__}")
+        if isinstance(raw, str):
+            try:
+                return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                raise TimeFieldError(f"{name}: expected Unix seconds or an ISO 8601 time, got {raw!r}") from None
+        return raw / 1000.0 if raw > 1e11 else float(raw)  # milliseconds when it is that large
+    return None
+
+
+@dataclass(slots=True)
+class Clock:
+    """Last use of each block-tree node; a block unused for `ttl` seconds has expired."""
+
+    ttl: float | None
+    _last: array
+    timed: int = 0
+    untimed: int = 0
+    expired_tokens: int = 0  # tokens an unexpiring cache would have served
+
+    @classmethod
+    def make(cls, ttl: float | None) -> Clock:
+        return cls(ttl, array("d"))
+
+    def live_blocks(self, nodes: Sequence[int], matched: int, now: float | None) -> int:
+        """Leading matched blocks still alive (a chain's head is used whenever its tail is, so
+        the last uses never increase along it: the first expired one ends the run)."""
+        if self.ttl is None or now is None:
+            return matched
+        last, ttl = self._last, self.ttl
+        return bisect_left(range(matched), True, key=lambda j: now - last[nodes[j]] > ttl)
+
+    def touch(self, nodes: Sequence[int], now: float | None) -> None:
+        if now is None:
+            self.untimed += 1
+            return
+        self.timed += 1
+        top = max(nodes, default=-1)
+        if top >= len(self._last):
+            self._last.extend([now] * (top + 1 - len(self._last)))
+        for n in nodes:
+            self._last[n] = now
+
+
+@dataclass(slots=True)
+class Cost:
+    """Input cost relative to sending every prompt with no cache (1.0)."""
+
+    profile: str
+    tokens: int = 0
+    units: float = 0.0  # in base input tokens
+
+    def add(self, model: str | None, tokens: int, cached: int, written: int = 0) -> None:
+        read, write = self.multipliers(model)
+        self.tokens += tokens
+        self.units += (tokens - cached - written) + cached * read + written * write
+
+    def multipliers(self, model: str | None) -> tuple[float, float]:
+        if self.profile == "anthropic":
+            return ANTHROPIC_READ, ANTHROPIC_WRITE
+        matches = [(len(p), r) for p, r in OPENAI_READ if model and model.startswith(p)]
+        return (max(matches)[1] if matches else OPENAI_DEFAULT_READ), 1.0
+
+    @property
+    def relative(self) -> float:
+        return self.units / self.tokens if self.tokens else 1.0
