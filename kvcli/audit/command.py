@@ -194,13 +194,10 @@ def _report(
     baseline: BaselineObserver | None = None,
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
-    capacity = auditor.cache_models.report() if auditor.cache_models is not None else None
-    if capacity is not None and auditor.cache_models is not None:
-        size = advice_size(capacity)
-        if size is not None:
-            min_tokens = profile.min_tokens_for(None)
-            capacity.ordering = advise(auditor.cache_models.curve, auditor.index, size, min_tokens)
-    groups = auditor.prefix_groups() if not opts.diff else None
+    # The run-wide reports (a pass over the block tree each): not for --diff or jsonl alone.
+    wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
+    capacity = _capacity(auditor) if wanted else None
+    groups = auditor.prefix_groups() if wanted else None
     id_of = auditor.ctx.id_of
     if opts.html_path:
         extra = capacity_html(capacity) if capacity is not None else ""
@@ -235,6 +232,18 @@ def _report(
                 lines += blocks_lines(results, style)
         out.write(("\n".join(lines) + "\n").encode("utf-8"))
     out.flush()
+
+
+def _capacity(auditor: Auditor) -> CapacityReport | None:
+    """The capacity report with its ordering advice (at --cache-size, else at the elbow)."""
+    models = auditor.cache_models
+    if models is None:
+        return None
+    capacity = models.report()
+    size = advice_size(capacity)
+    if size is not None:
+        capacity.ordering = advise(models.curve, auditor.index, size, auditor.profile.min_tokens_for(None))
+    return capacity
 
 
 def _capacity_text(opts: AuditOptions, capacity: CapacityReport | None, style: Style) -> list[str]:
