@@ -59,9 +59,9 @@ def family_setup(request, tiny_models):
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_equals_transformers(family_setup, config, monkeypatch):
     if config == "torch-attention":
-        from kvcli.engine import model_runner
+        from kvcli.model import backend
 
-        monkeypatch.setattr(model_runner.native, "load", lambda: None)
+        monkeypatch.setattr(backend.native, "load", lambda: None)
     model_dir, ref = family_setup
     llm = LLM(str(model_dir), block_size=BLOCK, **CONFIGS[config])
     prompts = make_prompts(llm.engine.vocab_size)
@@ -84,9 +84,9 @@ def test_shared_prefix_cascade_equals_transformers(tiny_models, kernel, monkeypa
     """All decoding sequences share a cached prefix: the native kernel reads it in place; the
     torch path attends it once for all of them (cascade)."""
     if kernel == "torch-cascade":
-        from kvcli.engine import model_runner
+        from kvcli.model import backend
 
-        monkeypatch.setattr(model_runner.native, "load", lambda: None)
+        monkeypatch.setattr(backend.native, "load", lambda: None)
     model_dir = tiny_models["llama-gqa"]
     ref = HFReference(model_dir, MAX_NEW)
     llm = LLM(str(model_dir), block_size=BLOCK)

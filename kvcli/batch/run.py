@@ -45,6 +45,7 @@ class GenerateConfig:
     resume: bool = False
     overwrite: bool = False
     ordered: bool = False
+    input_order: str = "given"  # "prefix": the whole file grouped by prompt prefix (ordering.py)
     token_ids: bool = False
     strict: bool = False
     fail_fast: bool = False
@@ -131,6 +132,9 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
 
 
 def _check_paths(cfg: GenerateConfig) -> None:
+    if cfg.input_order == "prefix" and not _is_regular(cfg.input):
+        raise BatchUsageError("--input-order prefix reads the input twice: it needs a regular "
+                              "file, not stdin or a pipe")
     if cfg.resume and cfg.to_stdout:
         raise BatchUsageError("--resume needs -o FILE (it reads the results already there)")
     if cfg.to_stdout:
@@ -140,6 +144,13 @@ def _check_paths(cfg: GenerateConfig) -> None:
         raise BatchUsageError(f"-o {out}: is a directory")
     if os.path.exists(out) and os.path.exists(cfg.input) and os.path.samefile(out, cfg.input):
         raise BatchUsageError("-o names the input file; write the results elsewhere")
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return path != "-" and stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # let the open report it
 
 
 def _lock_output(cfg: GenerateConfig) -> OutputLock | None:
@@ -230,9 +241,11 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
                                 cfg.token_ids)
     counters = RunCounters()
+    writer = ResultWriter(sink, cfg.ordered)
+    if cfg.input_order == "prefix":
+        lines, writer = _prefix_ordered(cfg, engine, opts, sink)
     try:
-        job = BatchJob(engine, lines, ResultWriter(sink, cfg.ordered), formatter, reporter, opts,
-                       resume.done, counters)
+        job = BatchJob(engine, lines, writer, formatter, reporter, opts, resume.done, counters)
         outcome = job.run()
     finally:
         reporter.close()
@@ -243,8 +256,23 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     return _finish(cfg, engine, outcome)
 
 
+def _prefix_ordered(cfg: GenerateConfig, engine: Any, opts: JobOptions, sink: LineSink
+                    ) -> tuple[Iterator[RawLine], ResultWriter]:
+    """The input's lines grouped by prompt prefix, and a writer that keeps --ordered's order."""
+    from kvcli.batch.encode import PromptEncoder
+    from kvcli.batch.ordering import RankedWriter, prefix_ordered_lines
+
+    encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
+    block_size = int(cfg.engine.get("block_size") or 16)
+    lines = prefix_ordered_lines(cfg.input, encoder, opts.parse, block_size, cfg.max_line_bytes)
+    return lines, RankedWriter(sink, cfg.ordered)
+
+
 def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
     summary = build_summary(outcome.counters, engine.stats(), outcome.status, outcome.exit_code)
+    backend = getattr(getattr(engine, "runner", None), "backend", None)
+    if backend is not None:  # which kernels ran (kvcli/model/backend.py); not over Ray
+        summary["backend"] = backend.describe()
     if outcome.aborted:
         how = "" if cfg.to_stdout else f"; rerun with --resume -o {cfg.output} to finish"
         why = "unfinished, or waiting for an earlier one" if cfg.ordered else "unfinished"

@@ -84,6 +84,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_kind() -> str:
+    """Family/model and vector ISA, e.g. "family 26 model 2, avx512": "AMD EPYC" alone names
+    Zen 3 (AVX2) and Zen 5 (AVX-512) machines alike, and the kernels differ between them."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    flags = set(fields.get("flags", "").split())
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {isa}"
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     """What decides CPU timings: cores, load, library versions, thread settings."""
     import torch
@@ -93,6 +108,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
+        "cpu_kind": cpu_kind(),
         "load_avg_1_5_15": load_average(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

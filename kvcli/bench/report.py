@@ -48,7 +48,8 @@ def format_table(doc: dict[str, Any]) -> str:
             f"tokens each; model {doc['model']}; best of {doc['repeat']}")
     foot = [f"kvcli speedup over {peer}: {ratio:.2f}x (median runs {doc['speedup_median'][peer]:.2f}x)"
             for peer, ratio in doc["speedup"].items()]
-    foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}, "
+    kind = f" ({machine['cpu_kind']})" if machine.get("cpu_kind") else ""
+    foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
                 f"{machine['cpu_count']} CPUs, {machine['threads']} torch threads, "
                 f"load avg {doc['load_avg_start']} -> {doc['load_avg_end']}, "
                 f"torch {machine['torch']}, transformers {machine['transformers']}")

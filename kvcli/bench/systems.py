@@ -109,6 +109,7 @@ class KvcliSystem:
             ttfts=ttfts,
             cached_tokens=int(stats["cached_tokens"]),
             kv_utilization=stats["peak_kv_utilization"],
-            details={k: stats[k] for k in ("steps", "preemptions", "peak_blocks_in_use",
-                                           "num_blocks", "block_size")},
+            details={**{k: stats[k] for k in ("steps", "preemptions", "peak_blocks_in_use",
+                                              "num_blocks", "block_size")},
+                     "backend": engine.runner.backend.describe()},
         )

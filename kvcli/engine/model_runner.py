@@ -14,8 +14,8 @@ import torch
 from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
-from kvcli.model import native
 from kvcli.model.attention import build_attention_metadata
+from kvcli.model.backend import Backend, select_backend
 
 
 class ModelRunner:
@@ -32,9 +32,9 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = sampler
         self.device = torch.device(device)
-        # The native paged-decode kernel where it applies (CPU float32) and could be built.
-        cpu_f32 = self.device.type == "cpu" and kv_cache.dtype == torch.float32
-        self.native = native.load() if cpu_f32 else None
+        # Chosen once for the engine: which kernels run each phase (kvcli/model/backend.py).
+        self.backend: Backend = select_backend(model, kv_cache, self.device)
+        self.native = self.backend.native
 
     @torch.inference_mode()
     def execute(

@@ -115,3 +115,17 @@ void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
     while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
     pthread_mutex_unlock(&pool.busy);
 }
+
+/* Which variant of the kernels this build holds: they are compiled on the machine with
+ * -march=native (the cache key includes the CPU's flags), so this is the running CPU's. */
+const char *kvcli_isa(void) {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2+fma";
+#elif defined(__aarch64__)
+    return "neon";
+#else
+    return "generic";
+#endif
+}
