@@ -135,12 +135,15 @@ class BatchJob:
     def _take(self, raw: RawLine) -> None:
         parsed = parse_line(raw, self.opts.parse)
         key = parsed.ident.key
+        rank = getattr(raw, "rank", None)  # --input-order prefix: its input position
         if key in self.done:
+            if rank is not None:
+                self.writer.skip(rank)
             self.counters.skipped += 1
             self.reporter.advance(self.counters)
             return
         self._note_duplicate(parsed.ident)
-        seq = self.writer.reserve()
+        seq = self.writer.reserve() if rank is None else self.writer.reserve_rank(rank)
         if isinstance(parsed, FailedLine):
             self._fail(seq, parsed)
             return

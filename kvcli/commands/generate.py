@@ -45,6 +45,11 @@ _JOB_OPTIONS = [
     click.option("--overwrite", is_flag=True, help="Replace -o FILE if it has results."),
     click.option("--ordered", is_flag=True,
                  help="Write results in input order (still streamed) instead of as they finish."),
+    click.option("--input-order", type=click.Choice(["given", "prefix"]), default="given",
+                 show_default=True,
+                 help="prefix: read the file twice and run it grouped by shared prompt prefix "
+                      "(the whole file, not only the --max-pending window); --ordered still "
+                      "writes in input order."),
     click.option("--token-ids", is_flag=True,
                  help="Add token_ids (completion) and prompt_token_ids to each result."),
     click.option("--strict", is_flag=True, help="Unknown fields in a line are an error."),
@@ -169,6 +174,7 @@ def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
     cfg = GenerateConfig(
         input=input_path, output=opts["output"], resume=opts["resume"],
         overwrite=opts["overwrite"], ordered=opts["ordered"], token_ids=opts["token_ids"],
+        input_order=opts["input_order"],
         strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
