@@ -122,3 +122,22 @@ def test_capacity_in_json_text_and_html(tmp_path: Path) -> None:
 def test_cache_size_usage_errors(args: list[str], message: str) -> None:
     result = run([str(SAMPLES / "clean.jsonl"), *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_engine_pool_constants_are_the_engine_s() -> None:
+    from kvcli.audit.capacity import ENGINE_KV_MEMORY, ENGINE_MAX_BLOCKS, engine_pool_blocks
+    from kvcli.engine import llm_engine  # imports torch: the audit itself never does
+
+    assert (ENGINE_KV_MEMORY, ENGINE_MAX_BLOCKS) == (llm_engine.DEFAULT_KV_CACHE_MEMORY, llm_engine.MAX_DEFAULT_BLOCKS)
+    assert engine_pool_blocks(46080, 16) == (1 << 30) // (46080 * 16)  # SmolLM2-135M: 1,456 blocks
+    assert engine_pool_blocks(64, 16) == ENGINE_MAX_BLOCKS
+
+
+def test_with_a_model_the_default_pool_is_reported(tmp_path: Path, tiny_models) -> None:
+    from kvcli.audit.capacity import engine_pool_blocks
+
+    rows = [json.loads(line) for line in (SAMPLES / "clean.jsonl").read_text().splitlines()]
+    doc = audit_json(tmp_path, rows, "--model", str(tiny_models["llama"]))
+    pool = doc["capacity"]["engine_pool"]
+    assert pool["blocks"] == engine_pool_blocks(doc["capacity"]["kv_bytes_per_token"], 16)
+    assert pool["bytes"] == pool["blocks"] * 16 * doc["capacity"]["kv_bytes_per_token"]

@@ -21,6 +21,11 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
 ELBOW_SHARE = 0.9
+# `kvcli generate`'s pool without --num-blocks / --kv-cache-memory: 1 GiB of KV, at most 32,768
+# blocks (kvcli/engine/llm_engine.py, which imports torch; tests/test_audit_capacity.py checks
+# these copies against it).
+ENGINE_KV_MEMORY = 1 << 30
+ENGINE_MAX_BLOCKS = 32768
 ASSUMES = ("prompts run one after another in input order (concurrency 1), each finishing after its "
            "prefill (outputs are not cached); LRU eviction as kvcli's block pool does it")
 
@@ -38,6 +43,11 @@ def bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
     architectures = raw.get("architectures") or ["?"]
     config = parse_model_config(raw, str(path), str(architectures[0]))
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
+
+
+def engine_pool_blocks(token_bytes: int, block_size: int) -> int:
+    """The pool `kvcli generate` allocates by default for a model of this KV layout."""
+    return max(1, min(ENGINE_KV_MEMORY // (token_bytes * block_size), ENGINE_MAX_BLOCKS))
 
 
 def parse_size(spec: str, block_size: int, token_bytes: int | None) -> int:
@@ -95,6 +105,7 @@ class CapacityReport:
     bounded: Bounded | None = None
     assumes: str = ASSUMES
     ordering: Any = None  # ordering.OrderingAdvice, added by the command
+    engine_pool: CurvePoint | None = None  # with --model: at `kvcli generate`'s default pool
 
     def size_bytes(self, blocks: int) -> int | None:
         return blocks * self.block_size * self.token_bytes if self.token_bytes else None
@@ -132,7 +143,8 @@ class CacheModels:
     def make(cls, block_size: int, cache_blocks: int | None, concurrency: int, token_bytes: int | None) -> CacheModels:
         replay = BoundedReplay(cache_blocks, block_size, concurrency) if cache_blocks and concurrency > 1 else None
         watch = cache_blocks if cache_blocks and replay is None else None
-        return cls(StackModel(block_size, extra=[cache_blocks] if cache_blocks else [], watch=watch), token_bytes, replay)
+        extra = [b for b in (cache_blocks, engine_pool_blocks(token_bytes, block_size) if token_bytes else None) if b]
+        return cls(StackModel(block_size, extra=extra, watch=watch), token_bytes, replay)
 
     def observe(self, nodes: list[int], matched: int, hashes: list[BlockHash], num_tokens: int,
                 min_tokens: int) -> int | None:
@@ -152,4 +164,11 @@ class CacheModels:
         return Bounded(size.blocks, 1, size.cached_tokens, size.cached_tokens / max(self.curve.tokens, 1), size.refused)
 
     def report(self) -> CapacityReport:
-        return build_report(self.curve, self.token_bytes, self.bounded())
+        report = build_report(self.curve, self.token_bytes, self.bounded())
+        if self.token_bytes:
+            pool = engine_pool_blocks(self.token_bytes, self.curve.block_size)
+            size = next(s for s in self.curve.sizes if s.blocks == pool)
+            tokens = max(self.curve.tokens, 1)
+            report.engine_pool = CurvePoint(pool, pool * self.curve.block_size, report.size_bytes(pool),
+                                            size.cached_tokens, size.cached_tokens / tokens)
+        return report

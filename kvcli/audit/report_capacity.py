@@ -44,6 +44,10 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
                      f"(unbounded {report.unbounded_hit_rate:.1%})")
         if b.too_large:
             lines.append(f"  {b.too_large:,} prompt(s) need more blocks than that cache has (the engine refuses them)")
+    if report.engine_pool is not None:
+        e = report.engine_pool
+        lines.append(f"  at kvcli generate's default pool, {size_label(report, e.blocks)}: {e.cached_tokens:,} "
+                     f"cached tokens, {e.hit_rate:.1%} hit rate")
     lines.append(f"  hit rate by cache size (working set {size_label(report, report.working_set_blocks)}):")
     for p in _thin(report.curve):
         bar = "█" * round(BAR * p.hit_rate / max(report.unbounded_hit_rate, 1e-9))
@@ -93,6 +97,7 @@ def capacity_dict(report: CapacityReport) -> dict[str, Any]:
         "largest_prompt_blocks": report.largest_prompt_blocks, "bounded": bounded,
         "curve": [_point(p) for p in report.curve],
         "elbow": _point(report.elbow) if report.elbow is not None else None,
+        "engine_pool": _point(report.engine_pool) if report.engine_pool is not None else None,
         "ordering": None if report.ordering is None else {
             "blocks": report.ordering.blocks, "given_hit_rate": report.ordering.given_hit_rate,
             "sorted_hit_rate": report.ordering.sorted_hit_rate, "advice": ordering_sentence(report)},
