@@ -146,7 +146,7 @@ class Auditor:
         return [f for rule in self.rules for f in rule.finish()]
 
     def prefix_groups(self) -> GroupsReport:
-        report = prefix_groups(self.index, self.summary.tokens, block_hits=self.profile.hit_model != "tokens")
+        report = prefix_groups(self.index, self.summary.tokens, block_hits=self.profile.hit_model not in ("tokens", "slots"))
         locate(report, self.index, self.text_of, self.tokenizer.char_offset, self.segments)
         return report
 

@@ -61,6 +61,7 @@ class AuditOptions:
     baseline: str | None = None
     time_field: str | None = None
     cache_ttl: float | None = None
+    slots: int | None = None
 
 
 class StopAudit(Exception):
@@ -106,7 +107,7 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
 
 def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     try:
-        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens)
+        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens, opts.slots)
     except ValueError as err:
         raise InputError(str(err)) from err
     paths = check_paths(opts.paths) if not opts.diff else []
@@ -166,7 +167,8 @@ def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditToke
     if opts.cache_size is None:
         return
     if config.profile.hit_model != "blocks":
-        how = "reads at breakpoints" if config.profile.hit_model == "breakpoints" else "caches tokens in a radix tree"
+        how = {"breakpoints": "reads at breakpoints", "tokens": "caches tokens in a radix tree",
+               "slots": "keeps one prompt per slot"}[config.profile.hit_model]
         raise InputError(f"--cache-size: the {config.profile.name} profile {how}, not from a block pool")
     try:
         config.cache_blocks = parse_size(opts.cache_size, config.profile.block_size, config.token_bytes)

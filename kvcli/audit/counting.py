@@ -15,6 +15,7 @@ from kvcli.audit.hits import (
 from kvcli.audit.prefix_index import Match
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import RenderedPrompt
+from kvcli.audit.slots import SlotCache
 from kvcli.audit.timing import LIFETIME_S, Clock, Cost
 
 
@@ -24,12 +25,14 @@ class HitCounter:
     clock: Clock
     breakpoints: BreakpointCache
     cost: Cost | None = None  # providers only: they bill cached tokens differently
+    slots: SlotCache | None = None  # llamacpp
 
     @classmethod
     def make(cls, profile: Profile, ttl: float | None = None) -> HitCounter:
         lifetime = ttl if ttl is not None else LIFETIME_S.get(profile.name)
         cost = Cost(profile.name) if profile.name in ("openai", "anthropic") else None
-        return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost)
+        slots = SlotCache(profile.slots) if profile.hit_model == "slots" else None
+        return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost, slots)
 
     def cached(self, prompt: RenderedPrompt, ids: array, ends: list[int], match: Match,
                min_tokens: int) -> tuple[int, BreakpointRead | None]:
@@ -42,6 +45,9 @@ class HitCounter:
             self.clock.expired_tokens += block_cached_tokens(match.blocks, len(ids), bs, keep, min_tokens) - cached
         elif profile.hit_model == "tokens":
             cached = radix_cached_tokens(match.lcp, len(ids), profile.keep_last_token, min_tokens)
+        elif profile.hit_model == "slots":
+            shared = self.slots.step(ids.tobytes())  # the same per-token rule, on the slot's prefix
+            cached = radix_cached_tokens(shared, len(ids), profile.keep_last_token, min_tokens)
         else:
             marked = [j for j, s in enumerate(prompt.segments) if s.cache_control]
             if not marked:  # automatic caching: the breakpoint sits on the last block before generation

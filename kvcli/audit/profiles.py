@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-HitModel = Literal["blocks", "tokens", "breakpoints"]
+HitModel = Literal["blocks", "tokens", "slots", "breakpoints"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,7 @@ class Profile:
     keep_last_token: bool  # the engine always computes at least one token
     per_segment_tokens: bool  # count tokens per content block (Anthropic hashes per block)
     lookback_blocks: int = 0  # breakpoints: how far a read walks back
+    slots: int = 0  # slots: llama-server's parallel slots (-np)
     max_breakpoints: int = 0
     model_min_tokens: tuple[tuple[str, int], ...] = ()  # (model id prefix, minimum)
     source: str = ""
@@ -35,8 +36,12 @@ class Profile:
                 return max(matches)[1]
         return self.min_tokens or self.block_size
 
-    def with_overrides(self, block_size: int | None, min_tokens: int | None) -> Profile:
+    def with_overrides(self, block_size: int | None, min_tokens: int | None, slots: int | None = None) -> Profile:
         changed = self
+        if slots is not None:
+            if self.hit_model != "slots":
+                raise ValueError(f"--slots: the {self.name} profile has no slots (llamacpp does)")
+            changed = replace(changed, slots=slots)
         if block_size is not None:
             changed = replace(changed, block_size=block_size)
         if min_tokens is not None:
@@ -86,6 +91,21 @@ PROFILES: dict[str, Profile] = {
         source="sglang python/sglang/srt/managers/schedule_batch.py _compute_max_prefix_len "
         "(input_len - 1); mem_cache/radix_cache.py (page_size 1 by default)",
         as_of="SGLang 0.5 (2025)",
+    ),
+    "llamacpp": Profile(
+        name="llamacpp",
+        summary="llama-server: each slot keeps its last prompt; a prompt reuses its longest common "
+        "token prefix with the slot it lands in (most similar, else least recently used), at most "
+        "the prompt length - 1; no sharing across slots; the RAM prompt cache (--cache-ram) not modelled",
+        hit_model="slots",
+        block_size=16,  # the audit's index granularity only
+        min_tokens=1,
+        keep_last_token=True,
+        per_segment_tokens=False,
+        slots=1,
+        source="llama.cpp tools/server: get_available_slot (slot_prompt_similarity 0.1, common/common.h), "
+        "n_past capped so one prompt token is evaluated; -np 1",
+        as_of="llama.cpp 2025 builds",
     ),
     "openai": Profile(
         name="openai",

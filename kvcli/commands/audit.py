@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-PROFILE_NAMES = ("kvcli", "vllm", "sglang", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
+PROFILE_NAMES = ("kvcli", "vllm", "sglang", "llamacpp", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
 
@@ -20,6 +20,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     default="kvcli",
     show_default=True,
     help="Cache rules: this engine, vLLM (the same block rule), SGLang (token-granular radix tree), "
+    "llama.cpp (per-slot longest common prefix), "
     "OpenAI (1024-token minimum, 128-token steps) or Anthropic (breakpoints).",
 )
 @click.option(
@@ -47,6 +48,12 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     type=click.IntRange(min=0),
     default=None,
     help="Override the profile's minimum cacheable prefix.",
+)
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1),
+    default=None,
+    help="llamacpp profile: llama-server's parallel slots (-np) [default: 1].",
 )
 @click.option(
     "--format",
