@@ -141,3 +141,17 @@ def test_with_a_model_the_default_pool_is_reported(tmp_path: Path, tiny_models) 
     pool = doc["capacity"]["engine_pool"]
     assert pool["blocks"] == engine_pool_blocks(doc["capacity"]["kv_bytes_per_token"], 16)
     assert pool["bytes"] == pool["blocks"] * 16 * doc["capacity"]["kv_bytes_per_token"]
+
+
+def test_the_bounded_replay_never_imports_torch(tmp_path: Path, tiny_models) -> None:
+    """--model sizes (config.json) and --concurrency (the engine's KVCacheManager) stay torch-free."""
+    from test_audit_tokenizers import _imported_modules
+
+    args = [str(SAMPLES / "clean.jsonl"), "--model", str(tiny_models["llama"]), "--cache-size", "1MiB",
+            "--concurrency", "2", "--format", "json", "--fail-on", "never"]
+    code = ("import sys; from kvcli.cli import main\n"
+            f"sys.argv = ['kvcli', 'audit', *{args!r}]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n")
+    modules = _imported_modules(code)
+    assert {"kvcli.audit.bounded", "kvcli.engine.kv_cache", "kvcli.model.config"} <= modules
+    assert not {m for m in modules if m.split(".")[0] in ("torch", "transformers")}
