@@ -12,6 +12,8 @@ stops at the first miss: hashes are chained, so every later block misses too.
 With a disk tier (``--kv-cache-dir``) a block missing in memory is looked up on
 disk before the walk gives up; a disk hit is loaded into a free pool block and
 indexed like any computed block, so it is an ordinary memory hit from then on.
+With ``sliding_window`` (every layer windowed), blocks a running request can no longer attend
+become placeholders and go back to the pool (kvcli/engine/sliding_window.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Protocol
 from kvcli.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from kvcli.engine.prefix_stats import PrefixCacheStats
 from kvcli.engine.request import Request
+from kvcli.engine.sliding_window import NULL_BLOCK, SlidingWindowFreer
 from kvcli.hashing import BlockHash
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
+    "NULL_BLOCK",
     "PrefixCacheStats",
 ]
 
@@ -52,13 +56,14 @@ class _RequestBlocks:
     # Leading blocks known to hold computed KV (cache hits, or computed before the
     # latest allocation); blocks registered after them may not be written yet.
     num_known_computed: int = 0
+    num_released: int = 0  # leading entries that are NULL_BLOCK (left the sliding window)
 
 
 class KVCacheManager:
     """Hands out KV-cache blocks to requests and finds their cached prefixes."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 disk: DiskTier | None = None) -> None:
+                 disk: DiskTier | None = None, sliding_window: int | None = None) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: expected an integer >= 1, got {block_size!r}")
         self.block_size = block_size
@@ -72,6 +77,9 @@ class KVCacheManager:
         self.disk = disk if enable_caching else None
         self.disk_hit_tokens: dict[str, int] = {}  # request id -> tokens loaded from disk
         self._new_full: list[tuple[KVCacheBlock, BlockHash]] = []  # registered this step
+        self.window = (None if sliding_window is None else
+                       SlidingWindowFreer(sliding_window, block_size, self.block_pool))
+        self.peak_request_blocks = 0  # most pool blocks one request held at once
 
     # ------------------------------------------------------------------ lookup
     def get_computed_blocks(
@@ -156,8 +164,13 @@ class KVCacheManager:
 
         Returns the newly allocated blocks. ``new_computed_blocks`` are the hits
         from :meth:`get_computed_blocks`, taken only by a request holding no blocks.
+        With a sliding window, blocks out of it are released first, even when None follows:
+        they are never needed again, and they may be what lets this allocation succeed.
         """
         state = self._requests.get(request.request_id)
+        if state is not None and self.window is not None:
+            state.num_released = self.window.release(state.blocks, state.num_released,
+                                                     request.num_computed_tokens)
         owned = state.blocks if state is not None else []
         self._check_allocation(request, num_new_tokens, owned, new_computed_blocks)
         num_hit = len(new_computed_blocks)
@@ -181,6 +194,8 @@ class KVCacheManager:
         state.blocks.extend(new_blocks)
         if self.enable_caching:
             self._register_full_blocks(request, state, total_tokens)
+        held = len(state.blocks) - state.num_released
+        self.peak_request_blocks = max(self.peak_request_blocks, held)
         self._update_pool_stats()
         return new_blocks
 
@@ -259,10 +274,11 @@ class KVCacheManager:
         computed = max(state.num_known_computed, request.num_computed_tokens // self.block_size)
         for block in state.blocks[computed : state.num_registered]:
             self.block_pool.uncache_block(block)
-        self.block_pool.free_blocks(reversed(state.blocks))
+        self.block_pool.free_blocks(reversed(state.blocks[state.num_released:]))
 
     # ---------------------------------------------------------------- queries
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's block list; released entries are ``sliding_window.NULL_BLOCK``."""
         state = self._requests.get(request_id)
         return list(state.blocks) if state is not None else []
 

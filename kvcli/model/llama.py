@@ -130,6 +130,14 @@ class LlamaForCausalLM(nn.Module):
     vocab_size = property(lambda self: self.config.vocab_size)
     max_position_embeddings = property(lambda self: self.config.max_position_embeddings)
 
+    @property
+    def common_sliding_window(self) -> int | None:
+        """The window every layer keeps within (the largest where they differ), for the KV-cache
+        manager to free blocks all layers have left behind (kvcli/engine/sliding_window.py);
+        None when any layer is global (Gemma 2/3's mix) or no layer has a window."""
+        windows = [layer.self_attn.attn.sliding_window for layer in self.model.layers]
+        return None if None in windows else max(windows)
+
     _numpy_decoder: NumpyDecoder | None = None
 
     def enable_fast_decode(self) -> None:
