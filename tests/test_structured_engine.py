@@ -231,3 +231,19 @@ def test_structured_counts_add_up_over_ray_workers():
     tallies.append(WorkerTally(2))  # a worker that saw no constrained line
     merged = merge_stats(tallies, 1.0)
     assert merged["structured"] == {"requests": 5, "invalid": 0, "compile_s": 0.75}
+
+
+def test_disable_any_whitespace_gives_compact_json(llm):
+    """vLLM's disable_any_whitespace: xgrammar's fixed separators, no free JSON whitespace (a
+    separate grammar from the default one); the random model then completes its object."""
+    free = StructuredOutputsParams(json=SCHEMA)
+    compact = StructuredOutputsParams.from_json({"json": SCHEMA, "disable_any_whitespace": True})
+    assert compact.key != free.key
+    out = llm.generate([[9, 10, 11, 12]], SamplingParams(max_tokens=40,
+                                                        structured_outputs=compact))[0]
+    text = out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop", text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert not any(c in text for c in "\n\t\r") and "  " not in text, text
+    with pytest.raises(ValueError, match=r"^structured_outputs\.disable_any_whitespace: "):
+        StructuredOutputsParams.from_json({"json": SCHEMA, "disable_any_whitespace": 1})

@@ -67,15 +67,16 @@ class GrammarCache:
         import xgrammar as xgr
 
         kind = params.kind
+        spaces = not params.disable_any_whitespace
         try:
             if kind == "json":
                 _check_patterns(params.json, params.path)
                 schema = with_string_lengths_as_patterns(params.json)
-                return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True,
+                return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=spaces,
                                                     strict_mode=True)
             if kind == "json_object":  # any JSON object (not any JSON value), as in OpenAI's API;
                 # not strict, which would allow only {} (no properties declared)
-                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=True,
+                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=spaces,
                                                     strict_mode=False)
             if kind == "structural_tag":
                 for schema in embedded_schemas(params.structural_tag):

@@ -34,6 +34,9 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: dict[str, Any] | str | None = None
+    # vLLM's option: JSON with xgrammar's fixed separators instead of any JSON whitespace
+    # (small models otherwise tend to run into max_tokens emitting whitespace).
+    disable_any_whitespace: bool = False
     # The input field this came from (errors name it); "structured_outputs.<kind>" if unset.
     source: str = ""
 
@@ -56,8 +59,8 @@ class StructuredOutputsParams:
         """Canonical text of the constraint: equal keys compile to the same grammar."""
         kind = self.kind
         value = getattr(self, kind)
-        return json.dumps([kind, value], sort_keys=True, ensure_ascii=False,
-                          separators=(",", ":"))
+        return json.dumps([kind, value, self.disable_any_whitespace], sort_keys=True,
+                          ensure_ascii=False, separators=(",", ":"))
 
     def _given(self) -> list[str]:
         return [k for k in KINDS if getattr(self, k) not in (None, False)]
@@ -69,6 +72,10 @@ class StructuredOutputsParams:
         """
         kind = self.kind
         value = getattr(self, kind)
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError(f"{self.path.rpartition('.')[0] or 'structured_outputs'}"
+                             ".disable_any_whitespace: expected true or false, got "
+                             f"{_show(self.disable_any_whitespace)}")
         if kind == "json":
             if isinstance(value, str):
                 self.json = _parse_json_text(value, self.path)
@@ -94,12 +101,13 @@ class StructuredOutputsParams:
         if not isinstance(value, dict):
             raise ValueError(f"{prefix}: expected an object with one of {', '.join(KINDS)}, "
                              f"got {_show(value)}")
-        unknown = [k for k in value if k not in LINE_KINDS]
+        unknown = [k for k in value if k not in (*LINE_KINDS, "disable_any_whitespace")]
         if unknown:
             raise ValueError(f"{prefix}.{unknown[0]}: not supported; kvcli takes one of "
                              + ", ".join(LINE_KINDS))
         given = [k for k in LINE_KINDS if value.get(k) not in (None, False)]
         params = cls(**{k: value.get(k) for k in LINE_KINDS},
+                     disable_any_whitespace=value.get("disable_any_whitespace", False),
                      source=f"{prefix}.{given[0]}" if len(given) == 1 else "")
         if len(given) != 1:
             raise ValueError(f"{prefix}: expected exactly one of {', '.join(LINE_KINDS)}, got "
