@@ -15,6 +15,7 @@ its grammar was.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
@@ -106,16 +107,11 @@ class StructuredDecoding:
                       for f, samples in self._held]
         self._held = [(f, samples) for f, samples in self._held if samples]
 
-    def is_constrained(self, request_id: str) -> bool:
-        return request_id in self._matchers
-
     def mask(self, logits: torch.Tensor, requests: list[Request]) -> None:
         """Disallowed tokens of constrained rows -> -inf, in place; other rows untouched."""
         rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
         if not rows:
             return
-        import time
-
         import xgrammar as xgr
 
         t0 = time.perf_counter()
