@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -60,6 +60,7 @@ class AuditConfig:
     concurrency: int = 1
     token_bytes: int | None = None  # KV bytes per token (--model): sizes in bytes too
     ttl: float | None = None  # --cache-ttl: a cached prefix's lifetime (default: the provider's)
+    disk: Container[bytes] | None = None  # --kv-cache-dir: hashes a persistent KV cache holds
 
 
 @dataclass(slots=True)
@@ -81,7 +82,7 @@ class Auditor:
         self.profile = config.profile
         self.tokenizer = tokenizer
         self.index = PrefixIndex(self.profile.block_size)
-        self.hits = HitCounter.make(self.profile, config.ttl)
+        self.hits = HitCounter.make(self.profile, config.ttl, config.disk)
         self.texts = TextStore(config.text_budget_chars)
         self.summary = Summary()
         self._ids: list[str | None] = []

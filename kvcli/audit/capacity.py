@@ -34,14 +34,19 @@ class SizeError(ValueError):
     """A --cache-size the audit cannot turn into blocks; the message names the flag."""
 
 
-def bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
-    """KV-cache bytes one token costs in `kvcli generate` with this model (all layers, K and V)."""
+def model_config(model_dir: Path) -> Any:
+    """The model's ModelConfig, read with the engine's own torch-free parser."""
     from kvcli.model.config import load_config_json, parse_model_config
 
     path = model_dir / "config.json"
     raw = load_config_json(path)
     architectures = raw.get("architectures") or ["?"]
-    config = parse_model_config(raw, str(path), str(architectures[0]))
+    return parse_model_config(raw, str(path), str(architectures[0]))
+
+
+def bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
+    """KV-cache bytes one token costs in `kvcli generate` with this model (all layers, K and V)."""
+    config = model_config(model_dir)
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
 
 

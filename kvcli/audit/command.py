@@ -8,13 +8,14 @@ import sys
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.baseline import BaselineObserver
 from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
+from kvcli.audit.disk import open_disk_hits
 from kvcli.audit.ordering import advice_size, advise
 from kvcli.audit.profiles import get_profile
 from kvcli.audit.reading import diff_requests, relabel, requests
@@ -56,6 +57,8 @@ class AuditOptions:
     limit: int = 5
     color: bool | None = None
     cache_size: str | None = None
+    kv_cache_dir: str | None = None  # count blocks a `generate --kv-cache-dir` run left as hits
+    quantization: str | None = None  # the generate run's --quantization (part of the disk key)
     concurrency: int | None = None
     write_baseline: str | None = None
     baseline: str | None = None
@@ -125,6 +128,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config.capacity = not opts.diff
     config.ttl = opts.cache_ttl
     _cache_options(opts, config, tokenizer)
+    config.disk = _disk_hits(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
     if baseline is not None:
@@ -175,6 +179,21 @@ def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditToke
     except SizeError as err:
         raise InputError(str(err)) from err
     config.concurrency = opts.concurrency or 1
+
+
+def _disk_hits(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> Any:
+    """--kv-cache-dir: what a persistent KV cache (kvcli generate --kv-cache-dir) already holds."""
+    if opts.kv_cache_dir is None:
+        return None
+    if not isinstance(tokenizer, ModelTokenizer) or tokenizer.directory is None:
+        raise InputError("--kv-cache-dir: give --model too (blocks on disk are keyed by the model)")
+    if config.profile.hit_model != "blocks":
+        raise InputError(f"--kv-cache-dir: the {config.profile.name} profile has no block pool")
+    try:
+        return open_disk_hits(opts.kv_cache_dir, tokenizer.directory, config.profile.block_size,
+                              opts.model or "", opts.quantization)
+    except (OSError, ValueError) as err:
+        raise InputError(f"--kv-cache-dir {opts.kv_cache_dir}: {err}") from err
 
 
 def _why_none(problems: list[InputProblem]) -> str:

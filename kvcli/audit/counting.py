@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Container
 from dataclasses import dataclass
 
+from kvcli.audit.disk import with_disk
 from kvcli.audit.hits import (
     BreakpointCache,
     BreakpointRead,
@@ -26,13 +28,16 @@ class HitCounter:
     breakpoints: BreakpointCache
     cost: Cost | None = None  # providers only: they bill cached tokens differently
     slots: SlotCache | None = None  # llamacpp
+    disk: Container[bytes] | None = None  # --kv-cache-dir: block hashes already on disk
 
     @classmethod
-    def make(cls, profile: Profile, ttl: float | None = None) -> HitCounter:
+    def make(cls, profile: Profile, ttl: float | None = None,
+             disk: Container[bytes] | None = None) -> HitCounter:
         lifetime = ttl if ttl is not None else LIFETIME_S.get(profile.name)
         cost = Cost(profile.name) if profile.name in ("openai", "anthropic") else None
         slots = SlotCache(profile.slots) if profile.hit_model == "slots" else None
-        return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost, slots)
+        return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost, slots,
+                   disk)
 
     def cached(self, prompt: RenderedPrompt, ids: array, ends: list[int], match: Match,
                min_tokens: int) -> tuple[int, BreakpointRead | None]:
@@ -41,6 +46,8 @@ class HitCounter:
         if profile.hit_model == "blocks":
             bs, keep = profile.block_size, profile.keep_last_token
             live = self.clock.live_blocks(match.nodes, match.blocks, now)
+            if live == match.blocks:  # the memory walk went to its end: it goes on on disk
+                live = with_disk(live, match.hashes, self.disk)
             cached = block_cached_tokens(live, len(ids), bs, keep, min_tokens)
             self.clock.expired_tokens += block_cached_tokens(match.blocks, len(ids), bs, keep, min_tokens) - cached
         elif profile.hit_model == "tokens":

@@ -104,6 +104,18 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "with --model (1GiB, the model's KV layout). Adds the hit rate there and the capacity curve.",
 )
 @click.option(
+    "--kv-cache-dir",
+    metavar="DIR",
+    default=None,
+    help="Blocks a `kvcli generate --kv-cache-dir DIR` run left on disk count as hits (needs --model).",
+)
+@click.option(
+    "--quantization",
+    type=click.Choice(["int8", "gguf"]),
+    default=None,
+    help="With --kv-cache-dir: the generate run's --quantization (the blocks are keyed by it).",
+)
+@click.option(
     "--concurrency",
     type=click.IntRange(min=1),
     default=None,
