@@ -93,7 +93,9 @@ class LLMEngine:
         config = self.config
         self.kv_manager = KVCacheManager(self.num_blocks, config.block_size,
                                          enable_caching=config.enable_prefix_caching,
-                                         disk=self.disk)
+                                         disk=self.disk,  # and frees out-of-window blocks:
+                                         sliding_window=getattr(self.model,
+                                                                "common_sliding_window", None))
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs,
                             self.max_model_len, config.scheduling),
