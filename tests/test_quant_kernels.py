@@ -138,3 +138,17 @@ def test_stacked_parts_of_different_types():
     assert stacked.shape == (24, 256) and torch.equal(stacked.dequantize(), dense)
     x, bias = torch.randn(5, 256), torch.randn(24)
     assert torch.allclose(stacked.linear(x, bias), x @ dense.T + bias, atol=1e-4, rtol=1e-4)
+
+
+@needs_native
+def test_numpy_view_runs_the_quantized_matmul():
+    """The fused one-row decoder's view: ``row @ w.T`` and ``embed[token]`` without float32."""
+    q = make_weight(Q4_1, 24, 64, seed=4)
+    view = q.detach().numpy()
+    row = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    assert view.shape == (24, 64) and view.T.shape == (64, 24)
+    expected = q.linear(torch.from_numpy(row)[None], None)[0].numpy()
+    assert np.array_equal(row @ view.T, expected)
+    assert np.array_equal(view[5], q.dequantize()[5].numpy())
+    with pytest.raises(TypeError):
+        row @ view  # noqa: B018 - the [out, in] view cannot be multiplied from the left

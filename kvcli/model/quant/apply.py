@@ -37,10 +37,10 @@ def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight) -> N
 
 
 def _finish(model: nn.Module) -> nn.Module:
-    # The fused one-row NumPy decoder reads float32 matrices directly: quantized models take
-    # the torch path, whose matmuls come back here through layers.linear.
-    if hasattr(model, "_numpy_decoder"):
-        model._numpy_decoder = None
+    # The fused one-row NumPy decoder (decode-1 steps) is rebuilt on the quantized weights: it
+    # sees them through NumpyView, so its matmuls run the quantized kernel.
+    if hasattr(model, "enable_fast_decode"):
+        model.enable_fast_decode()
     return model
 
 

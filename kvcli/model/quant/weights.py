@@ -28,8 +28,47 @@ BLOCK_ELEMS = {Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block; 32 for the
 DIRECT_MAX_ROWS = int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64"))
 
 
+class NumpyView:
+    """A quantized weight as NumPy code sees a float32 ``[out, in]`` matrix, for the fused
+    one-row decoder (model/numpy_decode.py), which does ``row @ w.T`` and ``embed[token]``:
+    ``.T`` is the ``[in, out]`` view, ``row @ view`` runs the quantized matmul and
+    ``view[token]`` de-quantizes one row. Nothing float32 is materialised."""
+
+    __array_ufunc__ = None  # `ndarray @ view` then calls view.__rmatmul__ (NumPy's protocol)
+
+    def __init__(self, weight: QuantWeight | StackedWeight, transposed: bool = False) -> None:
+        self.weight, self.transposed = weight, transposed
+        out_features, in_features = weight.shape
+        self.shape = (in_features, out_features) if transposed else (out_features, in_features)
+
+    @property
+    def T(self) -> NumpyView:  # noqa: N802 - NumPy's name
+        return NumpyView(self.weight, not self.transposed)
+
+    def __rmatmul__(self, row: np.ndarray) -> np.ndarray:
+        if not self.transposed:
+            raise TypeError("row @ W needs the [in, out] view (W.T)")
+        x = torch.from_numpy(np.ascontiguousarray(row, dtype=np.float32))
+        return self.weight.linear(x, None).numpy()
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if self.transposed or not isinstance(index, int | np.integer):
+            raise TypeError("only single rows of the [out, in] view can be read")
+        return self.weight.dequantize(torch.tensor([int(index)]))[0].numpy()
+
+
+class _AsArray:
+    """``detach().numpy()`` of a quantized weight gives its :class:`NumpyView`."""
+
+    def detach(self) -> _AsArray:
+        return self
+
+    def numpy(self) -> NumpyView:
+        return NumpyView(self)  # type: ignore[arg-type]
+
+
 @dataclass(eq=False)
-class QuantWeight:
+class QuantWeight(_AsArray):
     """``[out, in]`` weights; ``data`` is ``[out, row bytes]`` uint8 (or int8 for I8)."""
 
     kind: int
@@ -109,7 +148,7 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
 
 
 @dataclass(eq=False)
-class StackedWeight:
+class StackedWeight(_AsArray):
     """Fused projections (q/k/v, gate/up) whose GGUF tensors differ in type (Q4_K_M files keep
     v in Q6_K): one matmul per part, outputs side by side."""
 
