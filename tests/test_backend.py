@@ -21,7 +21,8 @@ def test_native_cpu_backend_names_every_phase(tiny_models) -> None:
     chosen = LLM(str(tiny_models["llama"])).engine.runner.backend
     assert chosen.name == "native-cpu" and chosen.native is native.load()  # the one handle
     assert chosen.isa in {"avx512", "avx2+fma", "neon", "generic"}
-    assert chosen.decode_attention == "native paged" and chosen.batch1_decode == "numpy fused"
+    assert chosen.decode_attention == "native paged"
+    assert chosen.batch1_decode.startswith("numpy fused")
     assert set(chosen.describe()) == KEYS
 
 

@@ -42,7 +42,9 @@ def select_backend(model: Any, kv_cache: torch.Tensor, device: torch.device) -> 
     """The backend for ``model`` over ``kv_cache`` on ``device`` (made once per engine)."""
     cpu = device.type == "cpu"
     lib = native.load() if cpu and kv_cache.dtype == torch.float32 else None
-    numpy_decode = getattr(model, "_numpy_decoder", None) is not None
+    decoder = getattr(model, "_numpy_decoder", None)
+    batch1 = "as batched" if decoder is None else "numpy fused" + (
+        ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
     if not cpu:
         return Backend(device.type, None, "", "torch batched + cascade",
                        "torch SDPA per sequence", "torch", "torch", "torch")
@@ -58,7 +60,7 @@ def select_backend(model: Any, kv_cache: torch.Tensor, device: torch.device) -> 
         isa=kernel_isa(lib) if lib is not None else "",
         decode_attention="native paged" if lib is not None else "torch batched + cascade",
         prefill_attention="torch SDPA per sequence + prefix cascade",
-        batch1_decode="numpy fused" if numpy_decode else "as batched",
+        batch1_decode=batch1,
         matmul=matmul,
         elementwise="native" if lib is not None else "torch",
     )

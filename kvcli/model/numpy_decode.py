@@ -10,10 +10,13 @@ else (and every batch of more than one row) takes the torch path.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from kvcli.model.blas_threads import AdaptiveThreads
 
 
 @dataclass(slots=True)
@@ -54,6 +57,11 @@ class NumpyDecoder:
         self.final_norm = _np(inner.norm.weight)
         self.cos, self.sin = _np(inner.rotary.cos), _np(inner.rotary.sin)
         self.layers = [self._layer(layer) for layer in inner.layers]
+        # OpenBLAS thread count from measured step times (contention: blas_threads.py).
+        first, head = self.layers[0], getattr(model, "lm_head", None)
+        logits = self.embed.T if head is None else _np(head.weight).T  # compute_logits' matmul
+        self.threads = AdaptiveThreads.create([first.qkv, first.o, first.gate_up, first.down,
+                                               logits])
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -80,6 +88,17 @@ class NumpyDecoder:
         """Hidden state [1, hidden] after the final norm; writes this token's K/V at ``slot``.
 
         ``context`` holds the flat slots of the whole context (this token's slot last)."""
+        if self.threads is None:
+            return self._forward(token, position, slot, context, kv_cache)
+        self.threads.begin()
+        start = time.perf_counter()
+        hidden = self._forward(token, position, slot, context, kv_cache)
+        self.threads.end(time.perf_counter() - start)
+        return hidden
+
+    def _forward(
+        self, token: int, position: int, slot: int, context: np.ndarray, kv_cache: np.ndarray
+    ) -> np.ndarray:
         h = self.embed[token].copy()
         cos, sin = self.cos[position], self.sin[position]
         q_size = self.heads * self.head_dim

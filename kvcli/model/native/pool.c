@@ -6,14 +6,16 @@
  * as its caller asked (decode-sized calls, which the next native call follows within
  * microseconds: 300 us), else ~20 us (a torch matmul follows in prefill steps, and a spinning
  * worker would take a core from it: prefill steps ~3% slower with 300 us), then sleep on a
- * futex, so an idle pool takes no CPU. Linux only (futex); elsewhere the
- * build fails and kvcli uses its torch path.
+ * futex, so an idle pool takes no CPU. The parts of a job are claimed, not assigned
+ * (run_parts): no thread ever waits for one the scheduler has not run. Linux only (futex);
+ * elsewhere the build fails and kvcli uses its torch path.
  */
 #define _GNU_SOURCE
 #include "pool.h"
 
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -38,15 +40,37 @@ static int64_t now_ns(void) {
 
 static struct {
     _Atomic uint32_t gen;      /* bumped once per job; workers wait for it to change */
-    _Atomic int64_t pending;   /* workers still running the current job */
+    _Atomic uint64_t claim;    /* (job's gen << 32) | next unclaimed part */
+    _Atomic int64_t done;      /* parts of the current job finished */
     _Atomic int64_t sleepers;  /* workers in (or entering) futex wait: only then is a wake needed */
-    task_fn fn;
-    const void *args;
-    int64_t n, started, spin_ns;
+    _Atomic(task_fn) fn;
+    _Atomic(const void *) args;
+    _Atomic int64_t n;
+    int64_t started, spin_ns;
     uint32_t start_gen[POOL_MAX]; /* the generation a new worker has already seen */
     pthread_mutex_t busy;
     int atfork_set;
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
+
+/* Take parts of job `gen` until none is left. Any thread may run any part (the split itself is
+ * the caller's, so results do not depend on who runs what): a worker the scheduler has not run
+ * yet, as on a machine with another busy process, leaves its part to the others instead of
+ * holding up the job. With static parts the caller waited for it: decode-1 3x slower there. */
+static void run_parts(uint32_t gen) {
+    for (;;) {
+        uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+        if ((uint32_t)(c >> 32) != gen) return;
+        const int64_t part = (int64_t)(c & 0xffffffffu);
+        const int64_t n = atomic_load_explicit(&pool.n, memory_order_relaxed);
+        const task_fn fn = atomic_load_explicit(&pool.fn, memory_order_relaxed);
+        const void *args = atomic_load_explicit(&pool.args, memory_order_relaxed);
+        if (part >= n) return;
+        /* Succeeds only while this job is current: the fields read above are its own. */
+        if (!atomic_compare_exchange_weak(&pool.claim, &c, c + 1)) continue;
+        fn(args, part, n);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+    }
+}
 
 static void *worker(void *arg) {
     const int64_t id = (int64_t)(intptr_t)arg;
@@ -69,10 +93,7 @@ static void *worker(void *arg) {
             cpu_relax();
         }
         seen = gen;
-        if (id < pool.n) {
-            pool.fn(pool.args, id, pool.n);
-            atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
-        }
+        run_parts(gen);
     }
     return NULL;
 }
@@ -81,8 +102,16 @@ static void *worker(void *arg) {
  * parent may have held while forking). */
 static void after_fork_in_child(void) {
     pool.started = 0;
-    atomic_store(&pool.pending, 0);
     pthread_mutex_init(&pool.busy, NULL);
+}
+
+/* Until every part is done. A part a descheduled worker has started cannot be taken over, so
+ * after a short spin the caller yields its core (to that worker, if they share it). */
+static void wait_done(int64_t n) {
+    for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < n; i++) {
+        if (i >= 4096) sched_yield();
+        else cpu_relax();
+    }
 }
 
 void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
@@ -101,18 +130,18 @@ void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
         pthread_detach(id);
         pool.started = next;
     }
-    const int64_t workers = pool.started < n - 1 ? pool.started : n - 1;
-    pool.fn = fn;
-    pool.args = args;
-    pool.n = n;
+    const uint32_t gen = atomic_load(&pool.gen) + 1;
+    atomic_store_explicit(&pool.fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&pool.args, args, memory_order_relaxed);
+    atomic_store_explicit(&pool.n, n, memory_order_relaxed);
     pool.spin_ns = spin_ns > POOL_SLEEP_NS ? spin_ns : POOL_SLEEP_NS;
-    atomic_store_explicit(&pool.pending, workers, memory_order_relaxed);
-    atomic_fetch_add(&pool.gen, 1); /* seq_cst: a worker either sees it or is counted asleep */
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.claim, (uint64_t)gen << 32, memory_order_release);
+    atomic_store(&pool.gen, gen); /* seq_cst: a worker either sees it or is counted asleep */
     if (atomic_load(&pool.sleepers) > 0)
         syscall(SYS_futex, &pool.gen, FUTEX_WAKE_PRIVATE, POOL_MAX, NULL, NULL, 0);
-    fn(args, 0, n);
-    for (int64_t t = workers + 1; t < n; t++) fn(args, t, n); /* parts no worker could take */
-    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
+    run_parts(gen);
+    wait_done(n);
     pthread_mutex_unlock(&pool.busy);
 }
 

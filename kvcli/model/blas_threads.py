@@ -1,0 +1,147 @@
+"""OpenBLAS threads for the batch-1 decode, chosen from its own measured step times.
+
+A batch-1 step (``numpy_decode.py``) is ~250 small OpenBLAS calls, each split over all cores
+and joined at a barrier. With one other busy process on a 2-core machine, one of the two
+threads is often descheduled and every barrier waits for it: decode-1 ran 3x slower than
+quiet (issue 18). Measured here (AMD EPYC family 26, AVX-512, 2 vCPUs, load average 5.3-5.6 from
+other work, 64 tokens): 5.5-8.1 tok/s with 2 OpenBLAS threads against 17.8-24.5 with 1.
+On a quiet machine 2 threads stream the weights faster, so no fixed count is right.
+
+:class:`AdaptiveThreads` runs the current count and, every ``interval`` steps, a few steps of
+the other one; it keeps whichever had the lower median step time. The interval doubles each
+time the probe confirms the choice (up to :data:`MAX_INTERVAL`), so on a steady machine the
+probes cost ~1% of the steps, and a change of load is noticed within ~10 s. A user's
+``OPENBLAS_NUM_THREADS`` is respected: then nothing adapts.
+
+Outputs must not depend on the machine's load, so it adapts only where the thread count does
+not change a bit: OpenBLAS splits a row's output columns over its threads, and where a
+thread's share is not a multiple of its kernel's width the tail takes another summation path
+(measured: x @ W bit-identical with 1 and 2 threads for 960, 1,024 and 4,864 columns, not for
+1,000-1,008). :meth:`AdaptiveThreads.create` multiplies a random row by each of the model's
+weights with both counts and adapts only if every result is identical.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+
+PROBE_STEPS = 4  # steps of the other count per probe; the first warms its threads, not timed
+FIRST_INTERVAL = 8
+MAX_INTERVAL = 256  # ~10 s at 25 tok/s between probes on a steady machine
+SWITCH_GAIN = 0.9  # the probe must be 10% faster to take over (step times jitter ~5%)
+
+
+@cache
+def _openblas() -> tuple[ctypes.CDLL, str] | None:
+    """NumPy's OpenBLAS (already loaded) and its symbol suffix, or None where not found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()
+                     and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", ""), ("openblas", "64_")):
+            if hasattr(lib, f"{prefix}_set_num_threads{suffix}"):
+                return lib, f"{prefix}_%s_num_threads{suffix}"
+    return None
+
+
+class BlasThreads:
+    """Get and set NumPy's OpenBLAS thread count."""
+
+    def __init__(self, lib: ctypes.CDLL, pattern: str) -> None:
+        self._set = getattr(lib, pattern % "set")
+        self._set.argtypes = [ctypes.c_int]
+        self._get = getattr(lib, pattern % "get")
+        self.count = int(self._get())
+
+    @classmethod
+    def find(cls) -> BlasThreads | None:
+        found = _openblas()
+        return None if found is None else cls(*found)
+
+    def set(self, n: int) -> None:
+        if n != self.count:
+            self._set(n)
+            self.count = n
+
+
+class AdaptiveThreads:
+    """Around each batch-1 step: ``begin()`` sets the count, ``end(seconds)`` learns from it."""
+
+    def __init__(self, blas: BlasThreads, choices: tuple[int, int]) -> None:
+        self.blas = blas
+        self.choices = choices  # (current, other)
+        self.interval = FIRST_INTERVAL
+        self.until_probe = FIRST_INTERVAL
+        self.recent: deque[float] = deque(maxlen=8)  # the current count's last step times
+        self.probe: list[float] = []
+        self.probing = 0  # probe steps left
+        self.switches = 0
+
+    @classmethod
+    def create(cls, weights: Sequence[np.ndarray]) -> AdaptiveThreads | None:
+        """None where it cannot or must not adapt (a user's count, one core, no OpenBLAS, or a
+        result of ``row @ w`` for a weight ``w`` that depends on the thread count)."""
+        if os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("KVCLI_ADAPTIVE_BLAS") == "0":
+            return None
+        blas = BlasThreads.find()
+        if blas is None or blas.count < 2 or not thread_invariant(blas, weights, 1):
+            return None
+        return cls(blas, (blas.count, 1))
+
+    def begin(self) -> None:
+        current, other = self.choices
+        self.blas.set(other if self.probing else current)
+
+    def end(self, seconds: float) -> None:
+        if self.probing:
+            self.probing -= 1
+            if self.probing < PROBE_STEPS - 1:  # the first probe step wakes threads: not timed
+                self.probe.append(seconds)
+            if not self.probing:
+                self._decide()
+            return
+        self.recent.append(seconds)
+        self.until_probe -= 1
+        if self.until_probe <= 0 and len(self.recent) >= 4:
+            self.probing, self.probe = PROBE_STEPS, []
+
+    def _decide(self) -> None:
+        if statistics.median(self.probe) < SWITCH_GAIN * statistics.median(self.recent):
+            self.choices = (self.choices[1], self.choices[0])
+            self.recent.clear()
+            self.recent.extend(self.probe)
+            self.interval = FIRST_INTERVAL
+            self.switches += 1
+        else:
+            self.interval = min(2 * self.interval, MAX_INTERVAL)
+        self.until_probe = self.interval
+
+
+def thread_invariant(blas: BlasThreads, weights: Sequence[np.ndarray], other: int) -> bool:
+    """Whether ``row @ w`` (1-D and 1-row 2-D) is bit-identical with ``blas.count`` threads and
+    with ``other`` for every weight (the kernel path depends on the shapes, not the values)."""
+    most = blas.count
+    rng = np.random.default_rng(0)
+    try:
+        for w in weights:
+            row = rng.standard_normal(w.shape[0], dtype=np.float32)
+            results = []
+            for n in (most, other):
+                blas.set(n)
+                results.append((row @ w, row[None, :] @ w))
+            if not all(np.array_equal(a, b) for a, b in zip(*results, strict=True)):
+                return False
+        return True
+    finally:
+        blas.set(most)
