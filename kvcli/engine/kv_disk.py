@@ -135,3 +135,14 @@ def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir:
                                     kvcli_home() / "file-digests", quantization)
     store = open_model_store(cache_dir, fingerprint)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)
+
+
+def disk_tier_for(config: Any, model: Any, model_dir: Path | None, kv: torch.Tensor) -> DiskKVTier:
+    """The tier an ``EngineConfig`` with ``kv_cache_dir`` asks for (ValueError: it cannot be)."""
+    if not config.enable_prefix_caching:
+        raise ValueError("kv_cache_dir: the disk cache needs prefix caching enabled")
+    if model_dir is None:
+        raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
+    return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, model,
+                          Path(model_dir), kv, config.block_size,
+                          config.model or str(model_dir), config.quantization)

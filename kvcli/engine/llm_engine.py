@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvcli.engine.admission import check_prompt
 from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
@@ -76,18 +77,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
 
     def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
-        config = self.config
-        if config.kv_cache_dir is None:
+        if self.config.kv_cache_dir is None:
             return None
-        if not config.enable_prefix_caching:
-            raise ValueError("kv_cache_dir: the disk cache needs prefix caching enabled")
-        if model_dir is None:
-            raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
-        from kvcli.engine.kv_disk import open_disk_tier
+        from kvcli.engine.kv_disk import disk_tier_for
 
-        return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, self.model,
-                              Path(model_dir), kv, config.block_size,
-                              config.model or str(model_dir), config.quantization)
+        return disk_tier_for(self.config, self.model, model_dir, kv)
 
     def _reset_bookkeeping(self) -> None:
         config = self.config
@@ -181,22 +175,8 @@ class LLMEngine:
     def _validate_prompt(self, request_id: str, ids: list[int], params: SamplingParams) -> None:
         if request_id in self._groups:
             raise ValueError(f"id: duplicate request id {request_id!r}")
-        if not ids:
-            raise ValueError("prompt: empty prompt")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
-                             f"{self.max_model_len} (prompt plus at least one new token)")
-        if len(ids) + params.max_tokens > self.max_model_len:  # as vLLM and the OpenAI API refuse it
-            raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the {len(ids)}-token "
-                             f"prompt exceed the model's context of {self.max_model_len} tokens; "
-                             f"at most {self.max_model_len - len(ids)} fit")
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompt_token_ids: token id {bad!r} outside [0, {self.vocab_size})")
-        need = -(-min(len(ids) + params.max_tokens, self.max_model_len) // self.config.block_size)
-        if need > self.num_blocks:
-            raise ValueError(f"prompt: needs {need} KV blocks but the pool has {self.num_blocks} "
-                             "(raise --num-blocks / --kv-cache-memory or lower max_tokens)")
+        check_prompt(ids, params, self.max_model_len, self.vocab_size, self.num_blocks,
+                     self.config.block_size)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or (self.structured is not None
@@ -221,29 +201,27 @@ class LLMEngine:
             self.disk.save(self.kv_manager.drain_new_full_blocks())
         self.scheduler.update_after_step(out)
         now = time.monotonic()
-        finished: list[RequestOutput] = []
-        for i, req in enumerate(samplers):
-            if i in result.nonfinite:  # its token would be garbage: the request fails instead
-                req.error = NONFINITE_LOGITS
-                self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-                done = self._on_finished(req)
-                if done is not None:
-                    finished.append(done)
-                continue
-            req.append_output_token(result.token_ids[i])
-            if result.logprobs[i] is not None:
-                req.logprobs.append(result.logprobs[i])
-            if req.first_token_time is None:
-                req.first_token_time = now
-            status = (self._grammar_rejected(req)
-                      or check_stop(req, self.max_model_len, self.tokenizer.decode))
-            if status is not None:
-                self.scheduler.finish(req, status)
-                done = self._on_finished(req)
-                if done is not None:
-                    finished.append(done)
+        finished = [done for i, req in enumerate(samplers)
+                    if (done := self._advance(req, result, i, now)) is not None]
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return admitted + finished
+
+    def _advance(self, req: Request, result: Any, row: int, now: float) -> RequestOutput | None:
+        """Append the row's sampled token; the request's output once its whole group finished."""
+        if row in result.nonfinite:  # its token would be garbage: the request fails instead
+            req.error = NONFINITE_LOGITS
+            return self._finish(req, RequestStatus.FINISHED_ERROR)
+        req.append_output_token(result.token_ids[row])
+        if result.logprobs[row] is not None:
+            req.logprobs.append(result.logprobs[row])
+        if req.first_token_time is None:
+            req.first_token_time = now
+        status = self._grammar_rejected(req) or check_stop(req, self.max_model_len, self.tokenizer.decode)
+        return None if status is None else self._finish(req, status)
+
+    def _finish(self, req: Request, status: RequestStatus) -> RequestOutput | None:
+        self.scheduler.finish(req, status)
+        return self._on_finished(req)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Constrained requests join the scheduler once their grammar is compiled (compiling in
@@ -282,8 +260,7 @@ class LLMEngine:
             return []
         req = self.scheduler.waiting[0]
         req.error = "could not be scheduled: not enough free KV blocks even with nothing running"
-        self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        done = self._on_finished(req)
+        done = self._finish(req, RequestStatus.FINISHED_ERROR)
         if done is not None:
             done.error = req.error
             return [done]
@@ -319,9 +296,9 @@ class LLMEngine:
     def _forget(self, req: Request) -> None:
         self._requests.pop(req.request_id, None)
         self.sampler.forget(req.request_id)
+        self.kv_manager.disk_hit_tokens.pop(req.request_id, None)
         if self.structured is not None:
             self.structured.forget(req.request_id)
-        self.kv_manager.disk_hit_tokens.pop(req.request_id, None)
 
     def stats(self) -> dict[str, Any]:
         stats = self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)

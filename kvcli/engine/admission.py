@@ -1,0 +1,30 @@
+"""The checks a prompt passes before the engine takes it (torch-free).
+
+Each raises ``ValueError("field: reason")``, the convention the batch layer turns
+into that line's error naming the field.
+"""
+
+from __future__ import annotations
+
+from kvcli.engine.request import SamplingParams
+
+
+def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int,
+                 num_blocks: int, block_size: int) -> None:
+    """A request that could never run is refused now, not after it has held the pool."""
+    if not ids:
+        raise ValueError("prompt: empty prompt")
+    if len(ids) >= max_model_len:
+        raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
+                         f"{max_model_len} (prompt plus at least one new token)")
+    if len(ids) + params.max_tokens > max_model_len:  # as vLLM and the OpenAI API refuse it
+        raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the {len(ids)}-token "
+                         f"prompt exceed the model's context of {max_model_len} tokens; "
+                         f"at most {max_model_len - len(ids)} fit")
+    bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt_token_ids: token id {bad!r} outside [0, {vocab_size})")
+    need = -(-min(len(ids) + params.max_tokens, max_model_len) // block_size)
+    if need > num_blocks:
+        raise ValueError(f"prompt: needs {need} KV blocks but the pool has {num_blocks} "
+                         "(raise --num-blocks / --kv-cache-memory or lower max_tokens)")
