@@ -24,6 +24,7 @@ from kvcli.cli import main
 from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
 from kvcli.model.loader import load_model
 from kvcli.model.quant import QuantError, available_modes, load_quantized
+from kvcli.model.quant.gguf_file import read_gguf
 from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
 from kvcli.model.resolve import resolve_model
 
@@ -155,3 +156,22 @@ def test_models_lists_the_quantization_modes(quant_gguf, tiny_models, kvcli_home
     table = runner.invoke(main, ["models"]).output.splitlines()
     assert table[0].split()[:3] == ["NAME", "SIZE", "QUANTIZATION"]
     assert any("int8,gguf" in line for line in table[1:])
+
+
+def test_tensor_directory_matches_gguf_reader(quant_gguf, tmp_path):
+    """kvcli's metadata-skipping reader sees the same tensors as gguf's own GGUFReader."""
+    meta, tensors = read_gguf(quant_gguf)
+    reader = gguf.GGUFReader(str(quant_gguf))
+    assert meta["general.architecture"] == "llama"
+    assert meta["llama.attention.head_count"] == reader.fields[
+        "llama.attention.head_count"].contents()
+    assert [(t.name, t.kind, t.shape) for t in tensors] == [
+        (t.name, int(t.tensor_type), tuple(int(d) for d in t.shape)) for t in reader.tensors]
+    for mine, theirs in zip(tensors, reader.tensors, strict=True):
+        assert np.array_equal(mine.data.reshape(-1).view(np.uint8),
+                              np.asarray(theirs.data).reshape(-1).view(np.uint8))
+    for cut in (4000, quant_gguf.stat().st_size - 100):  # in the metadata; in the last tensor
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(quant_gguf.read_bytes()[:cut])
+        with pytest.raises(QuantError, match="truncated"):
+            read_gguf(bad)

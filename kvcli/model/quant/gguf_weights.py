@@ -1,6 +1,6 @@
 """The tensors of a llama-architecture GGUF, in their own types, under kvcli's parameter names.
 
-``gguf.GGUFReader`` memory-maps the file; every quantized tensor is a ``[out, row bytes]``
+``gguf_file.read_gguf`` memory-maps the file; every quantized tensor is a ``[out, row bytes]``
 uint8 view of it, so nothing is de-quantized at load. Names follow llama.cpp's
 (``blk.N.attn_q.weight``); the q/k rows, which llama.cpp's converter reorders for its RoPE
 layout, are put back in Hugging Face order (a permutation of whole rows, so it works on packed
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from kvcli.model.quant import QuantError
+from kvcli.model.quant.gguf_file import read_gguf
 from kvcli.model.quant.weights import NATIVE_TYPES, QuantWeight
 
 # llama.cpp name within a block -> transformers' module path within a layer
@@ -47,38 +48,35 @@ def _unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
         rows.shape)
 
 
-def _field_int(reader, key: str) -> int:
-    field = reader.fields.get(key)
-    if field is None:
-        raise QuantError(f"GGUF metadata {key!r} is missing")
-    return int(field.contents())
+def _meta_int(meta: dict[str, object], key: str, path: Path) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int):
+        raise QuantError(f"{path}: GGUF metadata {key!r} is missing")
+    return value
 
 
 def gguf_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
     """(transformers name, float32 tensor or QuantWeight) for every tensor of the file."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path), "c")  # copy-on-write: writable views, file untouched
-    arch = reader.fields["general.architecture"].contents()
+    meta, tensors = read_gguf(path)
+    arch = meta.get("general.architecture")
     if arch != "llama":
         raise QuantError(f"{path}: --quantization gguf runs llama-architecture GGUFs; this one is "
                          f"{arch!r} (run it without --quantization, converted to float32)")
-    heads = {"attn_q": _field_int(reader, "llama.attention.head_count"),
-             "attn_k": _field_int(reader, "llama.attention.head_count_kv")}
-    for tensor in reader.tensors:
-        kind, data = int(tensor.tensor_type), tensor.data
+    heads = {"attn_q": _meta_int(meta, "llama.attention.head_count", path),
+             "attn_k": _meta_int(meta, "llama.attention.head_count_kv", path)}
+    for tensor in tensors:
+        data = tensor.data
         part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         if part in heads:
             data = _unpermute_rows(data, heads[part])
         name = hf_name(tensor.name)
-        if kind in _FLOAT_TYPES:
-            shape = tuple(int(d) for d in reversed(tensor.shape))
+        if tensor.kind in _FLOAT_TYPES:
+            shape = tuple(reversed(tensor.shape))
             yield name, torch.from_numpy(np.asarray(data, dtype=np.float32).reshape(shape))
-        elif kind in NATIVE_TYPES:
-            out_features, in_features = int(tensor.shape[1]), int(tensor.shape[0])
-            yield name, QuantWeight(kind, torch.from_numpy(np.asarray(data)),
+        elif tensor.kind in NATIVE_TYPES:
+            out_features, in_features = tensor.shape[1], tensor.shape[0]
+            yield name, QuantWeight(tensor.kind, torch.from_numpy(np.asarray(data)),
                                     (out_features, in_features))
         else:
-            raise QuantError(f"{path}: tensor {tensor.name!r} is "
-                             f"{tensor.tensor_type.name}; --quantization gguf runs "
-                             f"{', '.join(sorted(gguf.GGMLQuantizationType(t).name for t in NATIVE_TYPES - {24}))}, F16 and F32")
+            raise QuantError(f"{path}: tensor {tensor.name!r} has GGML type {tensor.kind}, "
+                             "which --quantization gguf cannot run")
