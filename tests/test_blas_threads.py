@@ -17,6 +17,12 @@ class FakeBlas:
         self.count = n
 
 
+@pytest.fixture(autouse=True)
+def busy_machine(monkeypatch):
+    """Other threads runnable, so probes happen (the quiet gate has its own test)."""
+    monkeypatch.setattr(blas_threads, "others_running", lambda own: True)
+
+
 def run(tuner: AdaptiveThreads, seconds: dict[int, float], steps: int) -> list[int]:
     """Step ``steps`` times with the given step time per thread count; the counts used."""
     used = []
@@ -40,6 +46,12 @@ def test_quiet_machine_probes_rarely() -> None:
     used = run(tuner, {2: 0.030, 1: 0.045}, 3000)
     assert tuner.switches == 0 and tuner.interval == MAX_INTERVAL
     assert used[1000:].count(1) < 0.02 * 2000  # probes: ~1.5% of the steps, at 1.5x the time
+
+
+def test_nothing_else_runnable_no_probes(monkeypatch) -> None:
+    monkeypatch.setattr(blas_threads, "others_running", lambda own: False)
+    tuner = AdaptiveThreads(FakeBlas(), (2, 1))
+    assert run(tuner, {2: 0.030, 1: 0.020}, 500) == [2] * 500
 
 
 def test_jitter_below_the_margin_does_not_switch() -> None:
