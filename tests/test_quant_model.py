@@ -175,3 +175,15 @@ def test_tensor_directory_matches_gguf_reader(quant_gguf, tmp_path):
         bad.write_bytes(quant_gguf.read_bytes()[:cut])
         with pytest.raises(QuantError, match="truncated"):
             read_gguf(bad)
+
+
+@pytest.mark.slow
+def test_default_model_gguf_mode_equals_float32(default_model_dir):
+    """The default model's Q4_1 GGUF run in its own types gives float32's greedy tokens (its
+    float32 conversion is these weights de-quantized; logits of ~20 agree to 1e-3)."""
+    prompt = list(range(1000, 1040))
+    want, want_logits = _greedy(load_model(default_model_dir), prompt, 8)
+    got, got_logits = _greedy(load_quantized(default_model_dir, "gguf"), prompt, 8)
+    assert got == want
+    assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-4)
+               for a, b in zip(got_logits, want_logits, strict=True))
