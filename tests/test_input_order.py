@@ -128,3 +128,12 @@ def test_fewer_prefill_tokens_than_the_given_order(tiny_models, tmp_path) -> Non
     assert computed["prefix"] < 0.6 * computed["given"]
     assert (without_cache_counts((tmp_path / "prefix.jsonl").read_text())
             == without_cache_counts((tmp_path / "given.jsonl").read_text()))
+
+
+def test_the_bench_file_is_shuffled_prefix_groups() -> None:
+    from kvcli.bench.prefix_groups import prefix_group_lines
+
+    rows = prefix_group_lines(3, 4, 20)
+    systems = [r["messages"][0]["content"] for r in rows]
+    assert len(rows) == 12 and len(set(systems)) == 3
+    assert systems != sorted(systems, key=systems.index)  # shuffled: groups not contiguous
