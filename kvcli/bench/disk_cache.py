@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvcli.bench.measure import cpu_model
+
 SYSTEM = ("You are Atlas, a careful and friendly assistant for a small public library. Answer "
           "the visitor's question in two or three short sentences of plain English. ")
 QUESTIONS = ["When are you open?", "How many books can I borrow?", "What does a late return "
@@ -56,16 +58,6 @@ def run(args: argparse.Namespace, kv_dir: str | None, max_tokens: int) -> dict[s
            "--max-tokens", str(max_tokens)] + (["--dir", kv_dir] if kv_dir else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main() -> None:
