@@ -145,18 +145,22 @@ def others_running(own: int) -> bool:
 
 
 def thread_invariant(blas: BlasThreads, weights: Sequence[np.ndarray], other: int) -> bool:
-    """Whether ``row @ w`` (1-D and 1-row 2-D) is bit-identical with ``blas.count`` threads and
-    with ``other`` for every weight (the kernel path depends on the shapes, not the values)."""
+    """Whether ``row @ w`` is bit-identical with ``blas.count`` threads and with ``other`` for
+    every weight (the kernel path depends on the shapes, not the values); the last weight is the
+    output layer's, multiplied by a 1-row matrix as ``compute_logits`` does."""
     most = blas.count
     rng = np.random.default_rng(0)
     try:
         for w in weights:
-            row = rng.standard_normal(w.shape[0], dtype=np.float32)
+            # The layers multiply a 1-D row, compute_logits a [1, in] matrix: one form each
+            # (the logits weight is the largest: ~10 ms a product).
+            row = rng.standard_normal((1, w.shape[0]) if w is weights[-1] else w.shape[0],
+                                      dtype=np.float32)
             results = []
             for n in (most, other):
                 blas.set(n)
-                results.append((row @ w, row[None, :] @ w))
-            if not all(np.array_equal(a, b) for a, b in zip(*results, strict=True)):
+                results.append(row @ w)
+            if not np.array_equal(*results):
                 return False
         return True
     finally:
