@@ -144,7 +144,7 @@ def test_strict(fake) -> None:
     (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "--resume"], "--resume needs -o"),
     (lambda d: [(d / "i.jsonl").write_text("{}\n"), (d / "o.jsonl").write_text("{}\n")],
      ["i.jsonl", "-o", "o.jsonl"], "already has results"),
-    (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "-o", "i.jsonl"], "names the input"),
+    (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "-o", "i.jsonl"], "names an input"),
     (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "--temperature", "-1"],
      "--temperature: expected a number >= 0"),
     (lambda d: (d / "i.jsonl").write_text("{}\n"), ["i.jsonl", "--kv-cache-memory", "2XB"],

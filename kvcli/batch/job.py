@@ -16,7 +16,7 @@ of Ray actors (kvcli/distributed/pool.py) through this same loop.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ class JobOptions:
     # error unless clamp_max_tokens (vLLM: explicit over-long is a 400, absent is clamped).
     default_max_tokens: int | None = 256
     clamp_max_tokens: bool = False
+    where: Callable[[int], str] | None = None  # "FILE:LINE" of a line number (several INPUTs)
 
 
 @dataclass(slots=True)
@@ -188,7 +189,7 @@ class BatchJob:
 
     def _fail(self, seq: int, failed: FailedLine) -> None:
         ident = failed.ident
-        where = f"{self.opts.input_name}:{ident.line_no}"
+        where = self._where(ident.line_no)
         if ident.field is not None:
             where += f" ({ident.field} {ident.key!r})"
         self.reporter.error(f"{where}: {failed.describe}")
@@ -210,7 +211,7 @@ class BatchJob:
         first = self._seen.add(ident)
         if first is not None:
             self.counters.duplicates += 1
-            self.reporter.error(f"{self.opts.input_name}:{ident.line_no}: id {ident.key!r} already "
+            self.reporter.error(f"{self._where(ident.line_no)}: id {ident.key!r} already "
                                 f"used on line {first}; both run, but --resume treats the id as "
                                 "done once either result is written")
 
@@ -218,7 +219,7 @@ class BatchJob:
         for name in req.ignored_fields:
             if name not in self._warned_fields:
                 self._warned_fields.add(name)
-                self.reporter.error(f"{self.opts.input_name}:{line_no}: unknown field {name!r} "
+                self.reporter.error(f"{self._where(line_no)}: unknown field {name!r} "
                                     "ignored (reported once; --strict makes it an error)")
 
     # ------------------------------------------------------------------ stop
@@ -228,6 +229,10 @@ class BatchJob:
         n = len(self._pending) + self.writer.unwritten
         self._pending.clear()
         return n
+
+    def _where(self, line_no: int) -> str:
+        where = self.opts.where
+        return where(line_no) if where is not None else f"{self.opts.input_name}:{line_no}"
 
     def _warn_tools_ignored(self) -> None:
         """Once per run: the template renders the same prompt with and without ``tools``."""

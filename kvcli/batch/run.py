@@ -27,6 +27,7 @@ from kvcli.batch.report import Reporter
 from kvcli.batch.resume import ResumeState, scan_output
 from kvcli.batch.source import (
     DEFAULT_MAX_LINE_BYTES,
+    InputFiles,
     RawLine,
     count_lines,
     iter_lines,
@@ -42,6 +43,7 @@ from kvcli.structured.tools import tool_call_format
 class GenerateConfig:
     input: str
     output: str | None = None  # None / "-": stdout
+    more_inputs: tuple[str, ...] = ()  # INPUT files after the first, read as one input (InputFiles)
     resume: bool = False
     overwrite: bool = False
     ordered: bool = False
@@ -118,20 +120,39 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
         lock = _lock_output(cfg)  # before the resume state is read, held to the end
         if lock is not None:
             stack.callback(lock.release)
-        stream = _open(cfg.input)
-        if stream is not sys.stdin.buffer:
-            stack.callback(stream.close)
-        lines = iter_lines(stream, cfg.max_line_bytes)
+        files = _input_files(cfg)
+        if files is None:
+            stream = _open(cfg.input)
+            if stream is not sys.stdin.buffer:
+                stack.callback(stream.close)
+            lines = iter_lines(stream, cfg.max_line_bytes)
+        else:
+            lines = iter(files)
         first = _first_line(lines, cfg.input)
         resume = _resume(cfg)
         try:
             engine = engine_factory(cfg)
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
-        return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock)
+        return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
+                        files.where if files is not None else None)
+
+
+def _input_files(cfg: GenerateConfig) -> InputFiles | None:
+    """Several INPUTs: each checked readable now (exit 2 before the model loads)."""
+    if not cfg.more_inputs:
+        return None
+    paths = [cfg.input, *cfg.more_inputs]
+    for path in paths:
+        _open(path).close()
+    return InputFiles(paths, cfg.max_line_bytes)
 
 
 def _check_paths(cfg: GenerateConfig) -> None:
+    if cfg.more_inputs and "-" in (cfg.input, *cfg.more_inputs):
+        raise BatchUsageError("- (stdin) cannot be combined with other INPUT files")
+    if cfg.more_inputs and cfg.input_order == "prefix":
+        raise BatchUsageError("--input-order prefix takes one INPUT file")
     if cfg.input_order == "prefix" and not _is_regular(cfg.input):
         raise BatchUsageError("--input-order prefix reads the input twice: it needs a regular "
                               "file, not stdin or a pipe")
@@ -142,8 +163,9 @@ def _check_paths(cfg: GenerateConfig) -> None:
     out = str(cfg.output)
     if os.path.isdir(out):
         raise BatchUsageError(f"-o {out}: is a directory")
-    if os.path.exists(out) and os.path.exists(cfg.input) and os.path.samefile(out, cfg.input):
-        raise BatchUsageError("-o names the input file; write the results elsewhere")
+    for path in (cfg.input, *cfg.more_inputs):
+        if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
+            raise BatchUsageError("-o names an input file; write the results elsewhere")
 
 
 def _is_regular(path: str) -> bool:
@@ -225,10 +247,11 @@ def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:
 
 
 def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
-             resume: ResumeState, lock: OutputLock | None) -> int:
+             resume: ResumeState, lock: OutputLock | None,
+             where: Callable[[int], str] | None = None) -> int:
     sink = _sink(cfg, lock)
     show = cfg.progress or sys.stderr.isatty()
-    total = count_lines(cfg.input, cfg.max_line_bytes) if show and not cfg.quiet else None
+    total = _total_lines(cfg) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
     # The parser leaves max_tokens unset where the line does; the job then fits the default
     # to the prompt, and only an explicit value can overflow the context.
@@ -237,7 +260,7 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
                                    tool_format),
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens)
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where)
     formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
                                 cfg.token_ids)
     counters = RunCounters()
@@ -254,6 +277,11 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
         _silence_stdout(sink)
         return outcome.exit_code
     return _finish(cfg, engine, outcome)
+
+
+def _total_lines(cfg: GenerateConfig) -> int | None:
+    counts = [count_lines(p, cfg.max_line_bytes) for p in (cfg.input, *cfg.more_inputs)]
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 def _prefix_ordered(cfg: GenerateConfig, engine: Any, opts: JobOptions, sink: LineSink

@@ -7,6 +7,7 @@ are skipped but counted, so ``line-<N>`` ids stay the file's real line numbers.
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat
 import sys
@@ -74,3 +75,32 @@ def count_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> int 
             return sum(1 for _ in iter_lines(f, max_line_bytes))
     except OSError:
         return None
+
+
+class InputFiles:
+    """Several INPUT files read as one input, in order (their concatenation, as `cat` gives it):
+    ``line-<N>`` ids number the lines across all of them, so ids stay unique and a
+    ``--resume`` with the same files in the same order finds them; :meth:`where` names a
+    line's own file and line number for messages."""
+
+    def __init__(self, paths: list[str], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.paths = paths
+        self.max_line_bytes = max_line_bytes
+        self._starts: list[int] = []  # global number of each opened file's line 0
+
+    def __iter__(self) -> Iterator[RawLine]:
+        offset = 0
+        for path in self.paths:
+            self._starts.append(offset)
+            last = 0
+            with open(path, "rb") as stream:
+                for raw in iter_lines(stream, self.max_line_bytes):
+                    last = raw.line_no
+                    yield RawLine(offset + raw.line_no, raw.data, raw.size)
+            offset += last  # the next file numbers on from this one's last request line
+
+    def where(self, line_no: int) -> str:
+        """``FILE:LINE`` of a global line number."""
+        i = max(0, bisect.bisect_right(self._starts, line_no - 1) - 1)
+        return f"{self.paths[i]}:{line_no - self._starts[i]}" if self._starts else f"?:{line_no}"
+

@@ -146,14 +146,17 @@ def _apply(options: list[Any]) -> Any:
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT")
+@click.argument("input_paths", metavar="INPUT...", nargs=-1, required=True)
 @_apply(_JOB_OPTIONS)
 @_apply(_SAMPLING_OPTIONS)
 @_apply(_ENGINE_OPTIONS)
 @_apply(_RAY_OPTIONS)
 @click.pass_context
-def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
+def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> None:
     """Generate a completion for every request in the JSONL file INPUT (- for stdin).
+
+    Several INPUT files are read as one input, in order (as `cat` would join them):
+    line-<N> ids count across them, messages name each file and its own line.
 
     \b
     Input lines (one JSON object each):
@@ -172,7 +175,8 @@ def generate(ctx: click.Context, input_path: str, **opts: Any) -> None:
     from kvcli.batch.run import GenerateConfig, run_generate
 
     cfg = GenerateConfig(
-        input=input_path, output=opts["output"], resume=opts["resume"],
+        input=input_paths[0], more_inputs=input_paths[1:], output=opts["output"],
+        resume=opts["resume"],
         overwrite=opts["overwrite"], ordered=opts["ordered"], token_ids=opts["token_ids"],
         input_order=opts["input_order"],
         strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
