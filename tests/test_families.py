@@ -88,14 +88,19 @@ def family(request, tiny_models):
                                                                 MAX_NEW)
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-def test_greedy_equals_transformers(family, setting, monkeypatch):
-    name, model_dir, ref = family
+def make_llm(model_dir, setting: str, monkeypatch) -> LLM:
+    """The engine for one fidelity setting; the "torch" ones run without the native kernels."""
     if setting.startswith("torch"):
         from kvcli.model import native
 
         monkeypatch.setattr(native, "load", lambda: None)
-    llm = LLM(str(model_dir), **SETTINGS[setting])
+    return LLM(str(model_dir), **SETTINGS[setting])
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_greedy_equals_transformers(family, setting, monkeypatch):
+    name, model_dir, ref = family
+    llm = make_llm(model_dir, setting, monkeypatch)
     prompts = make_prompts(llm.engine.vocab_size)
     outs = llm.generate([list(p) for p in prompts], SamplingParams(max_tokens=MAX_NEW,
                                                                    ignore_eos=True))

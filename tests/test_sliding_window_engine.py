@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fidelity import HFReference, compare
-from test_families import SETTINGS, SHARED, SteppedReference, make_prompts
+from test_families import SETTINGS, SHARED, SteppedReference, make_llm, make_prompts
 
 from kvcli.engine.llm import LLM
 from kvcli.engine.request import SamplingParams
@@ -68,11 +68,7 @@ def family(request, tiny_models, model_root):
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_greedy_equals_transformers_while_freeing(family, setting, monkeypatch):
     name, model_dir, ref = family
-    if setting.startswith("torch"):
-        from kvcli.model import native
-
-        monkeypatch.setattr(native, "load", lambda: None)
-    llm = LLM(str(model_dir), **SETTINGS[setting])
+    llm = make_llm(model_dir, setting, monkeypatch)
     window = llm.engine.kv_manager.window
     assert window is not None and window.window == (25 if name == "phi3" else 20)
     poison_placeholder_block(llm)
