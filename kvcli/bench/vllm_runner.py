@@ -2,42 +2,18 @@
 
 This file is executed by another interpreter (the one given by --vllm-python), so it
 imports only the standard library and vllm, never kvcli. Protocol, one JSON object per
-line: the runner loads the model and writes {"ready": true, "load_s": ...}; then for
-every line {"prompts": [[ids]], "max_new_tokens": n} on stdin it writes the outputs,
-timings and cache counters, or {"error": "..."}. The protocol uses the original stdout;
-fd 1 is pointed at stderr so vLLM's own prints cannot corrupt it.
+line (peer_serve.py runs the loop): the runner loads the model and writes {"ready": true,
+"load_s": ...}; then for every line {"prompts": [[ids]], "max_new_tokens": n} on stdin it
+writes the outputs, timings and cache counters, or {"error": "..."}.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-import traceback
-from pathlib import Path
 from typing import Any
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _vm_kib(field: str) -> int | None:  # measure._status_kib; kvcli is not importable here
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        _CLEAR_REFS.write_text("5")
-        return True
-    except OSError:
-        return False
+from peer_serve import peak_rss_mb, reset_peak, serve
 
 
 def load(args: dict[str, Any]) -> Any:
@@ -56,7 +32,7 @@ def run(llm: Any, prompts: list[list[int]], max_new_tokens: int) -> dict[str, An
     from vllm.inputs import TokensPrompt
 
     llm.reset_prefix_cache()  # every run starts cold, like kvcli's fresh engine
-    measured = _reset_peak()
+    measured = reset_peak()
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens,
                             min_tokens=max_new_tokens, ignore_eos=True)
     engine = llm.llm_engine
@@ -73,44 +49,25 @@ def run(llm: Any, prompts: list[list[int]], max_new_tokens: int) -> dict[str, An
                 finished[out.request_id] = out
     wall = time.perf_counter() - start
     ordered = [finished[str(i)] for i in range(len(prompts))]
-    peak = _vm_kib("VmHWM") if measured else None
     return {
         "wall_s": wall,
         "outputs": [list(o.outputs[0].token_ids) for o in ordered],
         "ttfts": [first[str(i)] for i in range(len(prompts)) if str(i) in first],
         "cached_tokens": sum(int(o.num_cached_tokens or 0) for o in ordered),
-        "peak_rss_mb": None if peak is None else round(peak / 1024, 1),
+        "peak_rss_mb": peak_rss_mb(measured),
     }
 
 
-def main() -> int:
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # vLLM and its libraries print freely; only `protocol` carries replies
+def _load(args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    llm = load(args)
+    import vllm
 
-    def reply(obj: dict[str, Any]) -> None:
-        protocol.write(json.dumps(obj) + "\n")
+    return llm, {"version": getattr(vllm, "__version__", "unknown")}
 
-    args = json.loads(sys.argv[1])
-    try:
-        start = time.perf_counter()
-        llm = load(args)
-        import vllm
 
-        reply({"ready": True, "load_s": round(time.perf_counter() - start, 2),
-               "version": getattr(vllm, "__version__", "unknown")})
-    except Exception as err:  # noqa: BLE001 - reported to the parent, which raises
-        reply({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
-        return 1
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        try:
-            reply(run(llm, request["prompts"], request["max_new_tokens"]))
-        except Exception as err:  # noqa: BLE001
-            reply({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
-    return 0
+def _handle(llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+    return run(llm, request["prompts"], request["max_new_tokens"])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(_load, _handle))

@@ -12,14 +12,11 @@ the environment wins over these defaults.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
+from kvcli.bench.peer_process import PeerProcess, PeerUnavailable
 from kvcli.bench.systems import RunResult
 
 VLLM = "vllm"
@@ -34,7 +31,7 @@ INSTALL_HINT = (
 KV_CACHE_GIB = 2  # enough for every workload's 32 requests without preemption
 
 
-class VllmUnavailable(RuntimeError):
+class VllmUnavailable(PeerUnavailable):
     """The vLLM peer cannot start: no interpreter, no vllm in it, or its load failed."""
 
 
@@ -66,46 +63,21 @@ class VllmSystem:
     name: str = VLLM
     load_s: float = 0.0
     version: str = ""
-    _proc: subprocess.Popen | None = field(default=None, init=False)
-    _log: IO[bytes] | None = field(default=None, init=False)
+    _peer: PeerProcess | None = field(default=None, init=False)
 
     def start(self) -> VllmSystem:
-        if not Path(self.python).exists():
-            raise VllmUnavailable(f"--vllm-python {self.python}: no such file; {INSTALL_HINT}")
+        self._peer = PeerProcess(VLLM, Path(self.python), RUNNER, "--vllm-python", "vllm",
+                                 INSTALL_HINT, VllmUnavailable)
         args = {"model": str(self.model_dir), "max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_model_len": self.max_model_len}
-        self._log = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(
-            [str(self.python), str(RUNNER), json.dumps(args)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, env=runner_env(self.threads), text=True)
-        ready = self._receive()
+        ready = self._peer.start(args, runner_env(self.threads))
         self.load_s, self.version = float(ready["load_s"]), str(ready.get("version", ""))
         return self
 
-    def _receive(self) -> dict[str, Any]:
-        assert self._proc is not None and self._proc.stdout is not None
-        line = self._proc.stdout.readline()
-        reply = json.loads(line) if line.strip() else {"error": "the runner exited"}
-        if "error" in reply:
-            self.close()
-            hint = f"; {INSTALL_HINT}" if "No module named 'vllm'" in reply["error"] else ""
-            raise VllmUnavailable(f"vllm peer ({self.python}): {reply['error']}{hint}\n"
-                                  f"{self._log_tail()}")
-        return reply
-
-    def _log_tail(self, chars: int = 2000) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return "runner log (tail):\n" + self._log.read().decode(errors="replace")[-chars:]
-
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
-        if self._proc is None or self._proc.stdin is None:
+        if self._peer is None:
             raise VllmUnavailable("vllm peer: not started")
-        self._proc.stdin.write(json.dumps({"prompts": prompts,
-                                           "max_new_tokens": max_new_tokens}) + "\n")
-        self._proc.stdin.flush()
-        reply = self._receive()
+        reply = self._peer.request({"prompts": prompts, "max_new_tokens": max_new_tokens})
         prompt_tokens = sum(len(p) for p in prompts)
         cached = int(reply["cached_tokens"])
         return RunResult(outputs=reply["outputs"], prefill_tokens_computed=prompt_tokens - cached,
@@ -116,12 +88,5 @@ class VllmSystem:
                                   "block_size": 32})
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if self._peer is not None:
+            self._peer.close()
