@@ -48,12 +48,14 @@ def select_backend(model: Any, kv_cache: torch.Tensor, device: torch.device) -> 
     if not cpu:
         return Backend(device.type, None, "", "torch batched + cascade",
                        "torch SDPA per sequence", "torch", "torch", "torch")
+    from kvcli.model import large_gemm
     from kvcli.model.layers import NATIVE_GEMM_MAX_ROWS, NUMPY_MAX_ROWS
 
     numpy_rows = f"<= {NUMPY_MAX_ROWS} rows numpy (OpenBLAS)" if NUMPY_MAX_ROWS else ""
     few = (f"{NUMPY_MAX_ROWS + 1}-{NATIVE_GEMM_MAX_ROWS} native gemm"
            if lib is not None and NATIVE_GEMM_MAX_ROWS > NUMPY_MAX_ROWS else "")
-    matmul = ", ".join(p for p in (numpy_rows, few, "more torch") if p)
+    larger = "more torch " + {"mkl": "MKL", "onednn": "oneDNN"}[large_gemm.library()]
+    matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
     return Backend(
         name="native-cpu" if lib is not None else "torch-cpu",
         native=lib,

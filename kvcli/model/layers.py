@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvcli.model import native
+from kvcli.model import large_gemm, native
 from kvcli.model.config import ModelConfigError, RopeConfig
 
 #: CPU float32 matmuls route by row count: one row through NumPy's OpenBLAS, up to
@@ -38,23 +38,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if not isinstance(weight, torch.Tensor):  # a quantized weight (kvcli/model/quant)
         return weight.linear(x, bias)
+    if not (x.device.type == "cpu" and x.dtype == torch.float32
+            and weight.dtype == torch.float32):
+        return F.linear(x, weight, bias)
     rows = x.shape[0] if x.dim() == 2 else NATIVE_GEMM_MAX_ROWS + 1
-    if (
-        rows <= NATIVE_GEMM_MAX_ROWS
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-    ):
-        if rows <= NUMPY_MAX_ROWS:
-            y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
-            if bias is not None:
-                y += bias
-            return y
-        in_out = weight.t()
-        lib = native.for_tensor(x) if in_out.is_contiguous() else None
-        if lib is not None:
-            return native.gemm(lib, x, in_out, bias)
-    return F.linear(x, weight, bias)
+    if rows <= NUMPY_MAX_ROWS:
+        y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+        if bias is not None:
+            y += bias
+        return y
+    in_out = weight.t()
+    lib = native.for_tensor(x) if rows <= NATIVE_GEMM_MAX_ROWS and in_out.is_contiguous() else None
+    if lib is not None:
+        return native.gemm(lib, x, in_out, bias)
+    return large_gemm.linear(x, weight, bias)
 
 
 @torch.no_grad()
