@@ -11,11 +11,24 @@ peer's own traceback and warnings end up.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+
+def peer_env(defaults: dict[str, str]) -> dict[str, str]:
+    """This environment plus `defaults` (a value already set wins), without kvcli's own
+    threading knobs: OMP_WAIT_POLICY and OPENBLAS_THREAD_TIMEOUT tune kvcli's pools, and
+    a peer runs as it ships."""
+    env = dict(os.environ)
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    for key in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"):
+        env.pop(key, None)
+    return env
 
 
 class PeerUnavailable(RuntimeError):

@@ -42,6 +42,9 @@ def check_fits(workload: Workload, max_model_len: int) -> None:
 
 
 def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int) -> TimedRun:
+    before = getattr(system, "before_run", None)
+    if before is not None:  # untimed: a peer that can only empty its prefix cache by a rebuild
+        before(prompts, max_new_tokens)
     rss = RssTracker()
     rss.start()
     start = time.perf_counter()

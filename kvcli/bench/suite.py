@@ -9,7 +9,7 @@ from typing import Any
 
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm")
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino")
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -29,6 +29,7 @@ class BenchConfig:
     max_num_batched_tokens: int = 1024
     warmup: bool = True
     vllm_python: Path | None = None
+    openvino_python: Path | None = None
 
 
 def parse_compare(value: str) -> list[str]:
@@ -65,6 +66,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         progress(f"loading {name}")
         if name == "vllm":
             systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
+        elif name == "openvino":
+            systems.append(start_openvino(model_dir, cfg, progress))
         elif name == "hf-generate":
             systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
         elif name == "hf-generate-batch":
@@ -86,6 +89,22 @@ def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
     system = VllmSystem(cfg.vllm_python, model_dir, cfg.max_num_batched_tokens, max_model_len,
                         cfg.threads or torch.get_num_threads()).start()
     progress(f"  vllm {system.version} loaded in {system.load_s:.1f} s")
+    return system
+
+
+def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> Any:
+    import torch
+
+    from kvcli.bench.openvino_system import OpenVinoSystem
+
+    assert cfg.openvino_python is not None  # checked by the command before any loading
+    system = OpenVinoSystem(cfg.openvino_python, model_dir, cfg.max_num_batched_tokens,
+                            cfg.threads or torch.get_num_threads())
+    if system.needs_export:
+        progress(f"  exporting the model to OpenVINO IR in {system.ir_dir} (once, about a "
+                 "minute; not timed)")
+    system.start()
+    progress(f"  openvino {system.version} loaded in {system.load_s:.1f} s")
     return system
 
 

@@ -21,11 +21,11 @@ KVCLI = "kvcli"
 @dataclass(slots=True)
 class RunResult:
     outputs: list[list[int]]
-    prefill_tokens_computed: int
+    prefill_tokens_computed: int | None  # None: the system does not say (the OpenVINO peer)
     ttfts: list[float]  # seconds from the start of the run to each request's first token
     cached_tokens: int | None = None
     kv_utilization: float | None = None
-    peak_rss_mb: float | None = None  # set by systems in another process (the vLLM peer)
+    peak_rss_mb: float | None = None  # set by systems in another process (the peers)
     details: dict[str, Any] = field(default_factory=dict)
 
 

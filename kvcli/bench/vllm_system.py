@@ -12,11 +12,10 @@ the environment wins over these defaults.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvcli.bench.peer_process import PeerProcess, PeerUnavailable
+from kvcli.bench.peer_process import PeerProcess, PeerUnavailable, peer_env
 from kvcli.bench.systems import RunResult
 
 VLLM = "vllm"
@@ -36,19 +35,13 @@ class VllmUnavailable(PeerUnavailable):
 
 
 def runner_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    defaults = {
+    return peer_env({
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0",
         "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "OMP_NUM_THREADS": str(threads),
-    }
-    for key, value in defaults.items():
-        env.setdefault(key, value)
-    for key in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"):  # kvcli's; vLLM runs as it ships
-        env.pop(key, None)
-    return env
+    })
 
 
 @dataclass(slots=True)

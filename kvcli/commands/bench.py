@@ -33,11 +33,15 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Model name or local directory / .gguf file.")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm ('none' for kvcli alone).")
+                   "vllm, openvino ('none' for kvcli alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
                    "(env KVCLI_VLLM_PYTHON).")
+@click.option("--openvino-python", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="KVCLI_OPENVINO_PYTHON",
+              help="--compare openvino: the python of a venv with openvino-genai and "
+                   "optimum-intel (env KVCLI_OPENVINO_PYTHON).")
 @click.option("--num-prompts", type=click.IntRange(min=1),
               help="Requests per workload (default: shared-prefix 32, chat-sessions 16, "
                    "distinct 32; decode-1 is always 1).")
@@ -83,6 +87,10 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
         from kvcli.bench.vllm_system import INSTALL_HINT
 
         raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
+    if "openvino" in compare and opts.get("openvino_python") is None:
+        from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
+
+        raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
     cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
                       warmup=not no_warmup, **opts)
     report = _run(cfg, quiet)
@@ -102,7 +110,7 @@ def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
         return run_bench(cfg, progress)
     except (ModelResolveError, BenchConfigError) as err:
         raise click.UsageError(str(err)) from None
-    except RuntimeError as err:  # includes VllmUnavailable
+    except RuntimeError as err:  # includes PeerUnavailable (vllm, openvino)
         raise click.ClickException(str(err)) from None
 
 

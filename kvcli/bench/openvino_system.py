@@ -1,0 +1,104 @@
+"""OpenVINO GenAI's continuous batching as a benchmark peer, in its own Python.
+
+`--openvino-python PATH` names a venv with openvino-genai and optimum-intel (which pins
+its own torch). The peer starts `openvino_runner.py` there once; on first use the runner
+exports kvcli's model directory to OpenVINO IR (fp32, about a minute) into
+<model dir>/openvino-fp32/, reused by later starts. Export and compile are load time,
+never timed. OpenVINO has no prefix-cache reset, so before every timed run the runner
+builds a fresh pipeline (untimed, `before_run`) with a KV cache sized by the rule every
+paged system follows (systems.pages_needed, its CPU block size of 32), warmed by a
+one-token request that shares no prefix with the run's prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvcli.bench.peer_process import PeerProcess, PeerUnavailable, peer_env
+from kvcli.bench.systems import RunResult, pages_needed
+
+OPENVINO = "openvino"
+RUNNER = Path(__file__).with_name("openvino_runner.py")
+IR_DIR_NAME = "openvino-fp32"
+BLOCK_SIZE = 32  # the CPU plugin's KV block size
+INSTALL_HINT = (
+    "install OpenVINO GenAI and optimum-intel into their own venv and pass its python, e.g.\n"
+    "  python -m venv ~/openvino-venv\n"
+    "  ~/openvino-venv/bin/pip install openvino-genai==2026.4.1.0\n"
+    "  ~/openvino-venv/bin/pip install torch==2.13.0 'optimum-intel[openvino]'\n"
+    "  ~/openvino-venv/bin/pip uninstall -y torchvision\n"
+    "  kvcli bench --compare openvino --openvino-python ~/openvino-venv/bin/python ...\n"
+    "(torchvision breaks the export: operator torchvision::nms does not exist)")
+
+
+class OpenVinoUnavailable(PeerUnavailable):
+    """The OpenVINO peer cannot start: no interpreter, no openvino_genai, or a failed export."""
+
+
+def first_unused_token(prompts: list[list[int]]) -> int:
+    """A token id no prompt starts with: a warm-up prompt of it can never be a cached prefix."""
+    starts = {p[0] for p in prompts if p}
+    return next(t for t in range(len(starts) + 1) if t not in starts)
+
+
+@dataclass(slots=True)
+class OpenVinoSystem:
+    """A running openvino_runner.py: one export/compile, then a fresh pipeline per timed run."""
+
+    python: Path
+    model_dir: Path
+    max_num_batched_tokens: int
+    threads: int
+    name: str = OPENVINO
+    load_s: float = 0.0
+    export_s: float = 0.0
+    version: str = ""
+    reset_s: float = 0.0  # the last before_run's pipeline rebuild, untimed
+    _peer: PeerProcess | None = field(default=None, init=False)
+
+    @property
+    def ir_dir(self) -> Path:
+        return Path(self.model_dir) / IR_DIR_NAME
+
+    @property
+    def needs_export(self) -> bool:
+        return not (self.ir_dir / "openvino_model.xml").is_file()  # the runner's IR_MODEL
+
+    def start(self) -> OpenVinoSystem:
+        self._peer = PeerProcess(OPENVINO, Path(self.python), RUNNER, "--openvino-python",
+                                 "openvino_genai", INSTALL_HINT, OpenVinoUnavailable)
+        args = {"model": str(self.model_dir), "ir_dir": str(self.ir_dir),
+                "max_num_batched_tokens": self.max_num_batched_tokens, "threads": self.threads}
+        ready = self._peer.start(args, peer_env({}))
+        self.load_s, self.version = float(ready["load_s"]), str(ready.get("version", ""))
+        self.export_s = float(ready.get("export_s", 0.0))
+        return self
+
+    def _request(self, message: dict) -> dict:
+        if self._peer is None:
+            raise OpenVinoUnavailable("openvino peer: not started")
+        return self._peer.request(message)
+
+    def before_run(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        """Untimed: a pipeline with an empty prefix cache and a KV cache sized to the run."""
+        blocks = pages_needed(prompts, max_new_tokens, BLOCK_SIZE)
+        reply = self._request({"reset": {"num_kv_blocks": blocks,
+                                         "warm_token": first_unused_token(prompts)}})
+        self.reset_s = float(reply["reset_s"])
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
+        reply = self._request({"prompts": prompts, "max_new_tokens": max_new_tokens})
+        # OpenVINO counts no cached tokens, so the prefill it computed is unknown (None).
+        return RunResult(outputs=reply["outputs"], prefill_tokens_computed=None,
+                         ttfts=reply["ttfts"], peak_rss_mb=reply.get("peak_rss_mb"),
+                         details={"engine_wall_s": round(reply["wall_s"], 5),
+                                  "steps": reply["steps"], "load_s": self.load_s,
+                                  "export_s": self.export_s, "reset_s": self.reset_s,
+                                  "version": self.version, "block_size": BLOCK_SIZE,
+                                  "kv_cache_bytes": reply.get("kv_cache_bytes"),
+                                  "max_cache_usage": reply.get("max_cache_usage")})
+
+    def close(self) -> None:
+        if self._peer is not None:
+            self._peer.close()
