@@ -1,0 +1,13 @@
+"""openvino.Tensor for tests/fake_openvino: holds the token ids of one [1, n] int64 array."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Tensor:
+    def __init__(self, array: Any) -> None:
+        if str(array.dtype) != "int64" or array.ndim != 2 or array.shape[0] != 1:
+            raise TypeError(f"fake openvino: want int64 ids of shape [1, n], got "
+                            f"{array.dtype} {array.shape}")
+        self.ids = [int(t) for t in array[0]]
