@@ -15,6 +15,7 @@ from kvcli.commands.bench import bench
 from kvcli.commands.cache import cache
 from kvcli.commands.generate import generate
 from kvcli.commands.models import models
+from kvcli.commands.perplexity import perplexity
 
 # Commands whose start-up (model load, conversion) keeps kvcli/startup.py's exit-at-once
 # Ctrl-C handler; the others get Python's default handling back, as before.
@@ -35,3 +36,4 @@ main.add_command(audit)
 main.add_command(models)
 main.add_command(bench)
 main.add_command(cache)
+main.add_command(perplexity)

@@ -87,6 +87,9 @@ def _style(req: InputRequest) -> Style:
 
 def _check_supported(req: InputRequest) -> None:
     """Fields the shared model reads (the audit uses them) that generate cannot honour yet."""
+    if req.sampling.get("prompt_logprobs") is not None:  # the engine has them; no output shape
+        raise LineError(f"{req.prefix}prompt_logprobs", "not written by kvcli generate; "
+                        "`kvcli perplexity` and the LLM API give them")
     if req.prompt.messages is not None:
         req.prompt.chat()  # non-text content parts fail here, naming the part
 

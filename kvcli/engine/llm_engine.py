@@ -288,6 +288,8 @@ class LLMEngine:
                                max(first.num_cached_tokens, 0),
                                sum(r.num_preemptions for r in group), ttft)
         result.error = next((r.error for r in group if r.error), None)
+        if first.sampling_params.prompt_logprobs is not None:
+            result.prompt_logprobs = [None, *first.prompt_logprobs]
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
             result.num_disk_cached_tokens = disk_hits
         self.metrics.on_finished(result)

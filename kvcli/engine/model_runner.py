@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvcli.engine import prompt_logprobs
 from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
@@ -46,8 +47,11 @@ class ModelRunner:
         num_computed: list[int] = []
         sample_rows: list[int] = []
         samplers: list[Request] = []
+        scored: list[tuple[Request, int, int, range]] = []  # requests asking prompt logprobs
         for req, n in zip(out.requests, out.num_new_tokens, strict=True):
             start = req.num_computed_tokens
+            if req.sampling_params.prompt_logprobs is not None:
+                scored.append((req, start, len(input_ids), prompt_logprobs.prompt_rows(req, start, n)))
             input_ids.extend(req.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             num_computed.append(start)
@@ -61,6 +65,8 @@ class ModelRunner:
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model(ids_t, pos_t, meta, self.kv_cache)
+        for req, start, row0, wanted in scored:
+            prompt_logprobs.collect(self.model.compute_logits, hidden, req, start, row0, wanted)
         if not samplers:
             return [], SampleResult([], [])
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)

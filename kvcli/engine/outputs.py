@@ -26,6 +26,9 @@ class RequestOutput:
     error: str | None = None
     # Of num_cached_tokens, those loaded from the disk cache; None when it is off.
     num_disk_cached_tokens: int | None = None
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then one
+    # {token_id: logprob} per prompt token (itself and the top alternatives), as in vLLM.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -42,6 +42,10 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    # vLLM's: each prompt token's logprob given the tokens before it, plus this many top
+    # alternatives (RequestOutput.prompt_logprobs). Such a request reads no prefix-cache hits:
+    # the logits of cached positions are never computed.
+    prompt_logprobs: int | None = None
     # A grammar the output must follow (vLLM's name); a line's JSON object is checked into one.
     structured_outputs: StructuredOutputsParams | None = None
 
@@ -70,6 +74,8 @@ class SamplingParams:
             _int_error("n", self.n, 1, 128, "an integer in [1, 128]"),
             self.logprobs is not None and _int_error("logprobs", self.logprobs, 0, 20,
                                                      "an integer in [0, 20]"),
+            self.prompt_logprobs is not None and _int_error(
+                "prompt_logprobs", self.prompt_logprobs, 0, 20, "an integer in [0, 20]"),
         ):
             if problem:
                 raise ValueError(problem)
@@ -168,6 +174,8 @@ class Request:
     error: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    # Entry i: prompt token i + 1 given tokens 0..i (filled chunk by chunk, with prompt_logprobs)
+    prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     block_hasher: BlockHasher = field(init=False)

@@ -1,0 +1,72 @@
+"""`kvcli perplexity FILE`: a model's perplexity on a text, as llama.cpp's llama-perplexity.
+
+Only click and the standard library are imported here; the engine (torch) is imported
+when the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+
+@click.command()
+@click.argument("text_file", metavar="FILE")
+@click.option("--model", default="smollm2-135m", show_default=True,
+              help="smollm2-135m, a NAME from `kvcli models`, a local directory or a .gguf file.")
+@click.option("--quantization", type=click.Choice(["int8", "gguf"]),
+              help="Score the quantized weights (as `kvcli generate --quantization`). "
+                   "Default: float.")
+@click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,
+              help="Tokens per window; the second half of each window is scored.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
+              show_default=True, help="Token budget of one engine step.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              default="float32", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
+    """Perplexity of a model on the UTF-8 text in FILE.
+
+    \b
+    The text's tokens are cut into non-overlapping windows of --context tokens (a shorter
+    tail is dropped); in each window the tokens after its first half are scored from the
+    engine's own logits (float32 log-softmax). PPL = exp(mean negative log-likelihood);
+    "+/-" is one standard error, as llama.cpp prints it. Exit status: 0 ok, 1 the text
+    cannot be scored, 2 bad usage or an unreadable file.
+    """
+    from kvcli.bench.perplexity import PerplexityError, read_text
+
+    try:
+        text = read_text(text_file)
+    except PerplexityError as err:
+        raise click.UsageError(str(err)) from None
+    try:
+        result = _measure(text, opts)
+    except PerplexityError as err:
+        raise click.ClickException(str(err)) from None
+    doc = {"file": text_file, "model": opts["model"],
+           "quantization": opts["quantization"] or "none", **result.to_dict()}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{text_file}: {doc['text_tokens']} tokens, {doc['windows']} windows of "
+               f"{doc['context']}, {doc['tokens_scored']} scored in {doc['seconds']:.1f} s")
+    click.echo(f"PPL = {doc['ppl']:.4f} +/- {doc['ppl_error']:.5f}  "
+               f"(model {doc['model']}, quantization {doc['quantization']})")
+
+
+def _measure(text: str, opts: dict[str, Any]) -> Any:
+    from kvcli.bench.perplexity import perplexity
+    from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+
+    config = EngineConfig(model=opts["model"], quantization=opts["quantization"],
+                          max_num_batched_tokens=opts["max_num_batched_tokens"],
+                          dtype=opts["dtype"], device=opts["device"])
+    try:
+        engine = LLMEngine.from_config(config)
+    except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
+        raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
+    return perplexity(engine, text, opts["context"])
