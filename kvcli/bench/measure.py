@@ -14,18 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+# The peers' runners read the same counters in their own processes (peer_serve.py).
+from kvcli.bench.peer_serve import reset_peak
+from kvcli.bench.peer_serve import status_kib as _status_kib
 
 
 @dataclass(slots=True)
@@ -35,11 +26,8 @@ class RssTracker:
     start_kib: int | None = None
 
     def start(self) -> None:
-        try:
-            _CLEAR_REFS.write_text("5")  # reset VmHWM to the current RSS
-            self.start_kib = _status_kib("VmRSS")
-        except OSError:
-            self.start_kib = None
+        # VmHWM restarts from the current RSS; growth is measured from that RSS
+        self.start_kib = _status_kib("VmRSS") if reset_peak() else None
 
     def stop(self) -> tuple[float | None, float | None]:
         """(peak RSS MiB, peak minus RSS at start MiB), or Nones where unmeasurable."""

@@ -22,7 +22,8 @@ _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _vm_kib(field: str) -> int | None:  # measure._status_kib, which is kvcli's
+def status_kib(field: str) -> int | None:
+    """A kB field of /proc/self/status (VmRSS, VmHWM), None where unreadable."""
     try:
         for line in _STATUS.read_text().splitlines():
             if line.startswith(field + ":"):
@@ -43,7 +44,7 @@ def reset_peak() -> bool:
 
 def peak_rss_mb(measured: bool) -> float | None:
     """Peak RSS since reset_peak() in MB, None if the reset failed (the peak would be stale)."""
-    peak = _vm_kib("VmHWM") if measured else None
+    peak = status_kib("VmHWM") if measured else None
     return None if peak is None else round(peak / 1024, 1)
 
 
