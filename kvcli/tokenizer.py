@@ -16,7 +16,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from kvcli.chat_template import render_chat
 from kvcli.detokenizer import IncrementalDetokenizer
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError", "read_json"]
@@ -290,6 +289,8 @@ class Tokenizer:
         **template_kwargs: Any,
     ) -> str:
         """The prompt text, exactly as transformers' apply_chat_template(tokenize=False)."""
+        from kvcli.chat_template import render_chat  # jinja2: ~50 ms, only for chat prompts
+
         template = self._select_template(chat_template, tools is not None)
         return render_chat(
             template,

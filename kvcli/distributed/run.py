@@ -84,5 +84,6 @@ def _load_tokenizer(cfg: GenerateConfig) -> Any:
     from kvcli.tokenizer import Tokenizer
 
     model_dir = resolve_model(cfg.engine.get("model"),
-                              allow_pickle=bool(cfg.engine.get("allow_pickle")))
+                              allow_pickle=bool(cfg.engine.get("allow_pickle")),
+                              quantization=cfg.engine.get("quantization"))
     return Tokenizer.from_dir(model_dir)

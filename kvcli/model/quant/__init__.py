@@ -3,8 +3,9 @@
 - ``int8``: a safetensors (or converted) model is loaded in float32 and each matrix quantized
   at load, symmetric per output channel; the embedding too (it is the tied output layer).
 - ``gguf``: a model that came from a GGUF file (the default model, a ``.gguf`` spec) runs the
-  file's own tensors, memory-mapped, in their own types (Q8_0, Q4_0, Q4_1; F16/F32 as float32);
-  the float32 conversion is not read (its config and tokenizer are).
+  file's own tensors, memory-mapped, in their own types (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K;
+  F16/F32 as float32); no float32 conversion is made or read: config and tokenizer come from
+  the GGUF (gguf_meta.py).
 
 Quality is measured, not asserted (docs/BENCHMARKS.md); float32 stays the default.
 """
@@ -28,9 +29,14 @@ class QuantError(ValueError):
 
 
 def gguf_source(model_dir: Path) -> Path | None:
-    """The GGUF file a converted model directory came from, if it still exists."""
+    """The GGUF file behind a model directory (a gguf-mode one, or a conversion), if it still
+    exists."""
     from kvcli.model.convert import read_record
+    from kvcli.model.quant.gguf_meta import linked_gguf
 
+    linked = linked_gguf(Path(model_dir))
+    if linked is not None:
+        return linked
     record = read_record(Path(model_dir))
     source = Path(record.source) if record is not None else None
     return source if source is not None and source.is_file() else None
