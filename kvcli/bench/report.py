@@ -32,14 +32,30 @@ def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _match_cell(entry: dict[str, Any], reference: bool) -> str:
+    if reference:
+        return "reference"
+    cell = f"{entry['outputs_matching']}/{entry['outputs_total']}"
+    return cell if entry.get("exact", True) else f"{cell} (quantized)"
+
+
+def _agreement_line(entry: dict[str, Any]) -> str:
+    """A quantized system's greedy agreement with the float32 reference."""
+    agree = entry["agreement"]
+    line = (f"{entry['name']} greedy agreement with kvcli float32: "
+            f"{agree['identical_share']:.1%} identical outputs")
+    if agree["mean_first_divergence"] is not None:
+        line += (f", the {agree['diverged']} others first differ at token "
+                 f"{agree['mean_first_divergence']:.1f} on average")
+    return line
+
+
 def format_table(doc: dict[str, Any]) -> str:
     """One workload's results as an aligned text table with speedups and the load."""
     rows = [[title for title, _, _ in COLUMNS] + ["greedy = kvcli"]]
     for entry in doc["systems"]:
         cells = [_cell(entry, key, fmt) for _, key, fmt in COLUMNS]
-        match = "reference" if entry is doc["systems"][0] else \
-            f"{entry['outputs_matching']}/{entry['outputs_total']}"
-        rows.append(cells + [match])
+        rows.append(cells + [_match_cell(entry, entry is doc["systems"][0])])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in
                        enumerate(zip(row, widths, strict=True))) for row in rows]
@@ -48,6 +64,7 @@ def format_table(doc: dict[str, Any]) -> str:
             f"tokens each; model {doc['model']}; best of {doc['repeat']}")
     foot = [f"kvcli speedup over {peer}: {ratio:.2f}x (median runs {doc['speedup_median'][peer]:.2f}x)"
             for peer, ratio in doc["speedup"].items()]
+    foot += [_agreement_line(e) for e in doc["systems"] if not e.get("exact", True)]
     kind = f" ({machine['cpu_kind']})" if machine.get("cpu_kind") else ""
     foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
                 f"{machine['cpu_count']} CPUs, {machine['threads']} torch threads, "

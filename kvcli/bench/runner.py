@@ -81,7 +81,9 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
             runs[system.name].append(timed)
             progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
     reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
-    entries = [system_entry(name, timed, workload, reference) for name, timed in runs.items()]
+    exact = {s.name: getattr(s, "exact", True) for s in systems}
+    entries = [system_entry(name, timed, workload, reference, exact[name])
+               for name, timed in runs.items()]
     best = {name: min(t.wall_s for t in timed) for name, timed in runs.items()}
     median = {name: statistics.median(t.wall_s for t in timed) for name, timed in runs.items()}
     peers = [s.name for s in systems[1:]]
@@ -101,8 +103,32 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
     }
 
 
+def first_divergence(output: list[int], reference: list[int]) -> int | None:
+    """Index of the first token where two greedy outputs differ; None when they are equal."""
+    for i, (a, b) in enumerate(zip(output, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+def greedy_agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict[str, Any]:
+    """How far a system's greedy outputs follow the reference's: the share of identical
+    outputs, and where the others first differ (token index, 0 = the first new token)."""
+    firsts = [first_divergence(o, r) for o, r in zip(outputs, reference, strict=True)]
+    diverged = [f for f in firsts if f is not None]
+    agreeing = [len(r) if f is None else f for f, r in zip(firsts, reference, strict=True)]
+    return {
+        "identical_share": round(1 - len(diverged) / len(reference), 4) if reference else None,
+        "diverged": len(diverged),
+        # over the outputs that differ; None when none does
+        "mean_first_divergence": round(statistics.fmean(diverged), 2) if diverged else None,
+        # over all outputs, an identical one counting its whole length
+        "mean_agreeing_tokens": round(statistics.fmean(agreeing), 2) if agreeing else None,
+    }
+
+
 def system_entry(name: str, timed: list[TimedRun], workload: Workload,
-                 reference: list[list[int]]) -> dict[str, Any]:
+                 reference: list[list[int]], exact: bool = True) -> dict[str, Any]:
     """One system's line of the report: its best run's numbers plus the median wall."""
     best = min(timed, key=lambda t: t.wall_s)
     walls = [t.wall_s for t in timed]
@@ -130,5 +156,8 @@ def system_entry(name: str, timed: list[TimedRun], workload: Workload,
         "outputs_match": matching == len(reference),
         "outputs_matching": matching,
         "outputs_total": len(reference),
+        # False for quantized weights: differing outputs are measured, not a failure
+        "exact": exact,
+        "agreement": greedy_agreement(res.outputs, reference),
         "details": res.details,
     }

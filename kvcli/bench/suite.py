@@ -9,7 +9,9 @@ from typing import Any
 
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino")
+# kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
+QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -73,9 +75,24 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         elif name == "hf-generate-batch":
             systems.append(HFGenerateBatchSystem(model_dir, cfg.hf_page_size,
                                                  cfg.max_num_batched_tokens))
+        elif name in QUANTIZED:
+            systems.append(load_quantized(name, model_dir, cfg))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
+
+
+def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:
+    """kvcli on the reference's model directory with quantized weights: gguf runs the tensors
+    of the GGUF file it was converted from (found by its record), int8 quantizes its float32
+    weights at load."""
+    from kvcli.bench.systems import KvcliSystem
+
+    try:
+        return KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, QUANTIZED[name],
+                                name)
+    except ValueError as err:  # QuantError: e.g. no GGUF behind a safetensors model
+        raise BenchConfigError(f"--compare {name}: {err}") from None
 
 
 def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,

@@ -60,14 +60,24 @@ class KvcliSystem:
     _engine: Any = None  # the engine of the runs, with a pool sized by prepare()
 
     @classmethod
-    def load(cls, model_dir: str, max_num_batched_tokens: int) -> KvcliSystem:
+    def load(cls, model: str | None, max_num_batched_tokens: int,
+             quantization: str | None = None, name: str = KVCLI) -> KvcliSystem:
+        """An engine for ``model`` (a directory or a --model spec), as `kvcli generate
+        --quantization` would load it."""
         from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
-        config = EngineConfig(model=model_dir, max_num_batched_tokens=max_num_batched_tokens)
-        return cls(LLMEngine.from_config(config))
+        config = EngineConfig(model=model, max_num_batched_tokens=max_num_batched_tokens,
+                              quantization=quantization)
+        return cls(LLMEngine.from_config(config), name)
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
         return KvcliSystem(self.base, name, enable_prefix_caching)
+
+    @property
+    def exact(self) -> bool:
+        """Float weights: greedy outputs equal the float32 reference's. Quantized weights change
+        the logits, so their agreement with it is measured instead (runner.greedy_agreement)."""
+        return self.base.config.quantization is None
 
     @property
     def max_model_len(self) -> int:

@@ -81,8 +81,11 @@ def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
                 model.model.embed_tokens = QuantEmbedding(value)
             else:
                 pending.setdefault(target, {})[shard or 0] = value
-        elif target in params:
-            params[target].copy_(value.reshape(params[target].shape))
+        elif target in params:  # F32/F16 tensors: into their rows of a fused q/k/v, gate/up
+            dest = params[target]
+            if shard is not None:
+                dest = dest[model.get_submodule(target.rsplit(".", 1)[0]).shard_rows(shard)]
+            dest.copy_(value.reshape(dest.shape))
         else:
             raise QuantError(f"{path}: tensor for {name} has no float parameter in the model")
         loaded.add(target)

@@ -1,0 +1,72 @@
+"""`kvcli bench --compare kvcli-gguf,kvcli-int8`: quantized kvcli against its float32 weights.
+
+Quantized systems are not expected to reproduce float32's greedy tokens, so the report gives
+their agreement (share of identical outputs, mean first-divergence position) rather than a
+pass/fail match. A GGUF of float32 tensors runs the very same weights in gguf mode, so its
+agreement must be complete: that pins the measurement to the real engine, not to a stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kvcli.bench.runner import first_divergence, greedy_agreement
+from kvcli.bench.suite import parse_compare
+from kvcli.cli import main
+
+SMALL = ["--num-prompts", "3", "--max-tokens", "4", "--scale", "0.1", "--threads", "1",
+         "--no-warmup"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["bench", *args], catch_exceptions=False)
+
+
+def test_first_divergence_and_agreement():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 9, 3], [1, 2, 3]) == 1
+    assert first_divergence([7], [1]) == 0
+    assert first_divergence([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 1, 1, 1], [2, 2, 2, 2]]
+    out = [[1, 2, 3, 4], [5, 0, 7, 8], [1, 1, 1, 0], [2, 2, 2, 2]]
+    agree = greedy_agreement(out, ref)
+    assert agree == {"identical_share": 0.5, "diverged": 2, "mean_first_divergence": 2.0,
+                     "mean_agreeing_tokens": 3.0}  # (4 + 1 + 3 + 4) / 4
+    assert greedy_agreement(ref, ref)["mean_first_divergence"] is None
+    assert parse_compare("kvcli-gguf,kvcli-int8") == ["kvcli-gguf", "kvcli-int8"]
+
+
+def test_int8_agreement_is_reported_not_failed(tiny_models):
+    result = invoke("--workload", "distinct", "--model", str(tiny_models["llama"]),
+                    "--compare", "kvcli-int8", "--json", *SMALL)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    ref, q = doc["systems"]
+    assert ref["name"] == "kvcli" and ref["exact"] is True
+    assert ref["agreement"]["identical_share"] == 1.0
+    assert q["name"] == "kvcli-int8" and q["exact"] is False
+    agree = q["agreement"]
+    assert agree["identical_share"] == pytest.approx(q["outputs_matching"] / 3, abs=1e-4)
+    assert 0 <= agree["mean_agreeing_tokens"] <= 4 and q["generated_tokens"] == 12
+    assert q["details"]["num_blocks"] > 0 and "kvcli-int8" in doc["speedup"]
+
+
+def test_gguf_of_float32_tensors_agrees_fully_and_table_says_so(tiny_models, kvcli_home):
+    gguf = tiny_models.gguf("llama")
+    result = invoke("--workload", "shared-prefix", "--model", str(gguf),
+                    "--compare", "kvcli-gguf,kvcli-int8", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "kvcli-gguf greedy agreement with kvcli float32: 100.0% identical" in result.stdout
+    assert "kvcli-int8 greedy agreement with kvcli float32:" in result.stdout
+    assert "3/3 (quantized)" in result.stdout
+
+
+def test_gguf_without_a_gguf_is_a_usage_error(tiny_models):
+    result = CliRunner().invoke(main, ["bench", "--workload", "decode-1", "--model",
+                                       str(tiny_models["llama"]), "--compare", "kvcli-gguf",
+                                       *SMALL])
+    assert result.exit_code == 2
+    assert "--compare kvcli-gguf:" in result.output and "GGUF" in result.output
