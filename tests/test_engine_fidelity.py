@@ -11,6 +11,7 @@ import random
 
 import pytest
 from fidelity import HFReference, compare
+from native_variants import VARIANTS
 from tiny_models import BASE_FAMILIES
 
 from kvcli.engine.llm import LLM
@@ -46,6 +47,7 @@ CONFIGS = {
     "preemption": dict(num_blocks=14, max_num_batched_tokens=64),
     "cache-aware": dict(scheduling="cache-aware", max_num_seqs=3),
     "torch-attention": dict(),  # decode attention without the native kernel (batched + cascade)
+    "native-avx2": dict(),  # the AVX2 build of the kernels (an AVX2-only CPU's) on AVX-512
 }
 
 
@@ -62,8 +64,14 @@ def test_greedy_equals_transformers(family_setup, config, monkeypatch):
         from kvcli.model import backend
 
         monkeypatch.setattr(backend.native, "load", lambda: None)
+    if config == "native-avx2":
+        if "avx2" not in VARIANTS:
+            pytest.skip("the CPU has no AVX-512: its native build is the AVX2 one")
+        monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
     model_dir, ref = family_setup
     llm = LLM(str(model_dir), block_size=BLOCK, **CONFIGS[config])
+    if config == "native-avx2":
+        assert llm.engine.runner.backend.isa == "avx2+fma"
     prompts = make_prompts(llm.engine.vocab_size)
     params = SamplingParams(max_tokens=MAX_NEW, ignore_eos=True)
     outs = llm.generate([list(p) for p in prompts], params)

@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from native_variants import native_lib  # noqa: F401 - fixture
 
 from kvcli.model import native
 
@@ -36,7 +37,7 @@ def reference(q, kv, tables, lens, block_size, window, scale):
 @pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 32), (9, 3, 64), (8, 2, 128)])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("threads", ["1", "3"])
-def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypatch):
+def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypatch, native_lib):  # noqa: F811
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
     rng = random.Random(heads * dim)
     block_size, num_blocks = 4, 64
@@ -54,7 +55,7 @@ def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypa
     bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     q = torch.randn(len(lens), heads, dim)
     scale = dim**-0.5
-    got = native.paged_decode_attention(lib, q, kv, bt, torch.tensor(lens), block_size,
+    got = native.paged_decode_attention(native_lib, q, kv, bt, torch.tensor(lens), block_size,
                                         window, scale)
     want = reference(q, kv, tables, lens, block_size, window, scale)
     assert torch.allclose(got, want, atol=2e-6, rtol=1e-5), (got - want).abs().max()
@@ -62,29 +63,29 @@ def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypa
 
 def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
     monkeypatch.setenv("KVCLI_HOME", str(tmp_path))
-    native.load.cache_clear()
+    native.load_variant.cache_clear()
     try:
         assert native.load() is not None
         built = list((tmp_path / "kernels").glob("kvcli-kernels-*.so"))
         assert len(built) == 1
         mtime = built[0].stat().st_mtime_ns
-        native.load.cache_clear()
+        native.load_variant.cache_clear()
         assert native.load() is not None and built[0].stat().st_mtime_ns == mtime  # reused
-        native.load.cache_clear()
+        native.load_variant.cache_clear()
         monkeypatch.setenv("KVCLI_NATIVE", "0")
         assert native.load() is None
-        native.load.cache_clear()
+        native.load_variant.cache_clear()
         monkeypatch.delenv("KVCLI_NATIVE")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
         assert native.load() is None  # the engine keeps its torch path
-        native.load.cache_clear()
+        native.load_variant.cache_clear()
         monkeypatch.delenv("CC")
         blocker = tmp_path / "not-a-dir"
         blocker.write_text("")
         monkeypatch.setenv("KVCLI_HOME", str(blocker))  # the cache cannot be written
         assert native.load() is None
     finally:
-        native.load.cache_clear()
+        native.load_variant.cache_clear()
 
 
 def test_loading_the_kernel_keeps_denormals():
@@ -98,18 +99,18 @@ def test_loading_the_kernel_keeps_denormals():
 
 @pytest.mark.parametrize("rows", [1, 17, 200])
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch):
+def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch, native_lib):  # noqa: F811
     from kvcli.model.layers import apply_rotary
 
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
     torch.manual_seed(rows)
     x, weight = torch.randn(rows, 96) * 3, torch.randn(96)
     want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
-    assert torch.allclose(native.rms_norm(lib, x, weight, 1e-5), want, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(native.rms_norm(native_lib, x, weight, 1e-5), want, atol=1e-5, rtol=1e-5)
 
     gate_up = torch.randn(rows, 2 * 48) * 4
     gate, up = gate_up.chunk(2, dim=-1)
-    got = native.silu_and_mul(lib, gate_up)
+    got = native.silu_and_mul(native_lib, gate_up)
     assert torch.allclose(got, torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
 
     heads, kv, dim = 4, 2, 16  # q heads then k heads, then v heads left untouched
@@ -119,7 +120,7 @@ def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch):
     qk = qkv[:, : (heads + kv) * dim].reshape(rows, heads + kv, dim)
     want = apply_rotary(qk, cos[:, None], sin[:, None])
     v_before = qkv[:, (heads + kv) * dim :].clone()
-    native.rope_(lib, qkv, cos.contiguous(), sin.contiguous(), heads + kv, dim)
+    native.rope_(native_lib, qkv, cos.contiguous(), sin.contiguous(), heads + kv, dim)
     got = qkv[:, : (heads + kv) * dim].reshape(rows, heads + kv, dim)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(qkv[:, (heads + kv) * dim :], v_before)
@@ -135,3 +136,19 @@ def test_kernel_threads_follow_torch(monkeypatch):
         assert native.num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_isa_override_is_built_apart_and_reported(monkeypatch):
+    """KVCLI_NATIVE_ISA picks the variant; the backend names what was built."""
+    from native_variants import VARIANTS
+
+    from kvcli.model.backend import kernel_isa
+
+    with pytest.raises(ValueError, match="KVCLI_NATIVE_ISA='sse2': expected one of"):
+        native.isa_flags("sse2")
+    if "avx2" not in VARIANTS:
+        pytest.skip("one variant on this CPU")
+    assert kernel_isa(native.load_variant("avx2")) == "avx2+fma"
+    assert kernel_isa(native.load_variant("native")) == "avx512"
+    monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
+    assert native.load() is native.load_variant("avx2") is not native.load_variant("native")

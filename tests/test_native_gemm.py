@@ -13,6 +13,7 @@ import threading
 
 import pytest
 import torch
+from native_variants import native_lib  # noqa: F401 - fixture
 
 from kvcli.model import layers, native
 
@@ -28,13 +29,13 @@ def reference(x, w_in_out, bias):
 @pytest.mark.parametrize("rows", [1, 5, 8, 13, 32, 70])
 @pytest.mark.parametrize("shape", [(576, 960), (200, 72), (1536, 40), (64, 3)])
 @pytest.mark.parametrize("threads", ["1", "2", "5"])
-def test_gemm_equals_float64(rows, shape, threads, monkeypatch):
+def test_gemm_equals_float64(rows, shape, threads, monkeypatch, native_lib):  # noqa: F811
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
     torch.manual_seed(rows * 7 + shape[1])
     in_f, out_f = shape
     x, w = torch.randn(rows, in_f), torch.randn(in_f, out_f) / in_f**0.5
     for bias in (None, torch.randn(out_f)):
-        got = native.gemm(lib, x, w, bias)
+        got = native.gemm(native_lib, x, w, bias)
         assert got.shape == (rows, out_f)
         assert torch.allclose(got, reference(x, w, bias), atol=2e-5, rtol=1e-4)
 

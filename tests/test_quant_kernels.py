@@ -19,6 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from native_variants import native_lib  # noqa: F401 - fixture
 
 from kvcli.model import native
 from kvcli.model.quant import QuantError
@@ -37,6 +38,7 @@ from kvcli.model.quant.weights import (
 
 lib = native.load()
 needs_native = pytest.mark.skipif(lib is None, reason="no C compiler: the torch path is used")
+pytestmark = pytest.mark.usefixtures("native_lib")  # every test under each variant
 
 
 def gguf_weight(kind: int, w: torch.Tensor) -> QuantWeight:

@@ -24,7 +24,7 @@ from kvcli.model import native
 class Backend:
     name: str  # "native-cpu" | "torch-cpu" | "cuda" | another torch device type
     native: ctypes.CDLL | None  # the compiled kernels; None: the torch routes
-    isa: str  # the instruction set the native kernels were built for ("avx512", "avx2", ...)
+    isa: str  # what the native kernels were built for ("avx512", "avx2+fma"; KVCLI_NATIVE_ISA)
     decode_attention: str
     prefill_attention: str
     batch1_decode: str

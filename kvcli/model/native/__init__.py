@@ -1,8 +1,8 @@
 """Optional native CPU kernels: C compiled with the system compiler on first use, then cached.
 
 Nothing waits on a compile step more than once per machine: the shared object is keyed by
-the source, the flags, the compiler and the CPU's feature flags, and lives in
-``$KVCLI_HOME/kernels``. Without a compiler (or with ``KVCLI_NATIVE=0``) ``load()`` returns
+the source, the flags (the ISA variant's among them, ``KVCLI_NATIVE_ISA``), the compiler and
+the CPU's feature flags, and lives in ``$KVCLI_HOME/kernels``. Without a compiler (or with ``KVCLI_NATIVE=0``) ``load()`` returns
 None and the engine keeps its torch path, which computes the same attention, RMSNorm, SiLU-and-mul
 and RoPE.
 """
@@ -30,8 +30,14 @@ HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h"))
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
 # crtfastmath.o, which flushes denormals to zero for the whole process (torch and NumPy too).
-FLAGS = ("-O3", "-march=native", "-fPIC", "-pthread", "-ffast-math")
+FLAGS = ("-O3", "-fPIC", "-pthread", "-ffast-math")
 LINK = ("-shared", "-pthread")
+# KVCLI_NATIVE_ISA: the instruction set to build for. "avx2" is what an AVX2-only CPU (AMD Zen 3)
+# compiles (x86-64-v3: AVX2, FMA, F16C; no AVX-512), tuned for this CPU: it runs the AVX2 code
+# paths on an AVX-512 machine, where they would otherwise go untested.
+ISA_FLAGS = {"native": ("-march=native",), "avx512": ("-march=native",),
+             "avx2": ("-march=x86-64-v3", "-mtune=native")}
+_ISA_NEEDS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma", "f16c")}  # /proc/cpuinfo flags
 I64, F32P, I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 
@@ -45,13 +51,25 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def _build(compiler: str) -> Path:
+def isa_flags(isa: str) -> tuple[str, ...]:
+    """The compile flags of a KVCLI_NATIVE_ISA value (ValueError: unknown, or the CPU lacks it)."""
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"KVCLI_NATIVE_ISA={isa!r}: expected one of {', '.join(ISA_FLAGS)}")
+    cpu = set(_cpu_flags().split())
+    missing = [flag for flag in _ISA_NEEDS.get(isa, ()) if flag not in cpu]
+    if missing:
+        raise ValueError(f"KVCLI_NATIVE_ISA={isa}: this CPU lacks {', '.join(missing)} "
+                         "(/proc/cpuinfo); use native")
+    return (*FLAGS, *ISA_FLAGS[isa])
+
+
+def _build(compiler: str, flags: tuple[str, ...]) -> Path:
     from kvcli.model.resolve import kvcli_home
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, *FLAGS, *LINK, version, _cpu_flags()])
+    key = hashlib.sha256("\0".join([*texts, *flags, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
     target = kvcli_home() / "kernels" / f"kvcli-kernels-{key}.so"
     if target.exists():
@@ -61,7 +79,7 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     objs = [f"{tmp[:-3]}-{src.stem}.o" for src in SOURCES]
     try:
-        cmds = [[compiler, "-c", *FLAGS, str(src), "-o", obj]
+        cmds = [[compiler, "-c", *flags, str(src), "-o", obj]
                 for src, obj in zip(SOURCES, objs, strict=True)]
         for cmd in [*cmds, [compiler, *LINK, *objs, "-o", tmp, "-lm"]]:
             subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
@@ -73,9 +91,17 @@ def _build(compiler: str) -> Path:
     return target
 
 
-@cache
 def load() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built (the torch path is used)."""
+    """The compiled kernels for KVCLI_NATIVE_ISA (default native; read on each call, so a test
+    or a benchmark can switch variants), or None where they cannot be built (the torch path is
+    used). ValueError: an ISA this CPU cannot run."""
+    return load_variant(os.environ.get("KVCLI_NATIVE_ISA", "native"))
+
+
+@cache
+def load_variant(isa: str) -> ctypes.CDLL | None:
+    """The kernels built for ``isa`` (see :data:`ISA_FLAGS`), once per process."""
+    flags = isa_flags(isa)
     if os.environ.get("KVCLI_NATIVE", "1") == "0":
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))
@@ -83,7 +109,7 @@ def load() -> ctypes.CDLL | None:
         log.info("no C compiler: native CPU kernels off")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(compiler)))
+        lib = ctypes.CDLL(str(_build(compiler, flags)))
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", "") or err
         log.warning("native CPU kernels off: build failed: %s", detail)

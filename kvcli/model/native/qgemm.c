@@ -9,9 +9,10 @@
  * channels are split across the worker pool. Activations stay float32, so the only error
  * against the de-quantized float64 product is float32 rounding (summed in blocks of 32).
  *
- * One source for every x86 kind: 16-float vectors are one AVX-512 register on the Xeon and two
- * AVX2 registers on Zen 3 (fewer rows per tile there so the accumulators fit 16 registers);
- * the build is keyed by the CPU's flags (native/__init__.py), so each machine compiles its own.
+ * One source for every x86 kind: vectors are one register wide (qblocks.h: 16 floats with
+ * AVX-512, 8 with AVX2, which has 16 registers, so fewer rows per tile there); the build is
+ * keyed by the CPU's flags (native/__init__.py), so each machine compiles its own
+ * (KVCLI_NATIVE_ISA=avx2 builds the AVX2 one on an AVX-512 machine).
  */
 #include <stdint.h>
 #include <string.h>
@@ -23,7 +24,7 @@
 #define MR 8 /* rows x NR channels of 16-float accumulators + 4 weight vectors fit 32 registers */
 #define NR 2
 #else
-#define MR 4 /* 8 accumulators (2 registers each) + weights + x within AVX2's 16 */
+#define MR 4 /* 4 accumulators + 4 weight vectors + x within AVX2's 16 registers */
 #define NR 1
 #endif
 
@@ -39,25 +40,30 @@ static inline __attribute__((always_inline)) void tile(const qgemm_args *a, cons
                                                        int64_t i, const int mr, int64_t n,
                                                        const int nr) {
     const int64_t bb = block_bytes(type), be = block_elems(type), row_bytes = a->K / be * bb;
-    v16 acc[MR][NR];
+    vf acc[MR][NR];
     for (int r = 0; r < mr; r++)
-        for (int c = 0; c < nr; c++) acc[r][c] = (v16){0};
+        for (int c = 0; c < nr; c++) acc[r][c] = (vf){0};
     const uint8_t *w = a->w + n * row_bytes;
     const float *x = a->x + i * a->K;
     for (int64_t k0 = 0; k0 < a->K; k0 += be, w += bb)
         for (int sub = 0; sub < be / 32; sub++) { /* one sub-block of 32 weights per channel */
             const int64_t k = k0 + sub * 32;
-            v16 lo[NR], hi[NR];
-            for (int c = 0; c < nr; c++) block(type, w + c * row_bytes, sub, &lo[c], &hi[c]);
+            vf wv[NR][NV];
+            for (int c = 0; c < nr; c++) block(type, w + c * row_bytes, sub, wv[c]);
             for (int r = 0; r < mr; r++) {
-                const v16 x0 = loadu(x + r * a->K + k), x1 = loadu(x + r * a->K + k + 16);
-                for (int c = 0; c < nr; c++) acc[r][c] += x0 * lo[c] + x1 * hi[c];
+                vf xv[NV];
+                for (int j = 0; j < NV; j++) xv[j] = loadu(x + r * a->K + k + j * VW);
+                for (int c = 0; c < nr; c++) {
+                    vf sum = xv[0] * wv[c][0];
+                    for (int j = 1; j < NV; j++) sum += xv[j] * wv[c][j];
+                    acc[r][c] += sum;
+                }
             }
         }
     for (int r = 0; r < mr; r++)
         for (int c = 0; c < nr; c++) {
             float s = 0.0f;
-            for (int e = 0; e < 16; e++) s += acc[r][c][e];
+            for (int e = 0; e < VW; e++) s += acc[r][c][e];
             if (type == I8) s *= a->scale[n + c];
             if (a->bias) s += a->bias[n + c];
             a->y[(i + r) * a->N + n + c] = s;
@@ -141,18 +147,20 @@ static void dequant_part(const void *args, int64_t t, int64_t n) {
         for (int64_t k = 0; k < a->K; k += 32) {
             const uint8_t *blk = w + k / be * bb;
             const int sub = (int)(k % be / 32);
-            v16 lo, hi;
+            vf v[NV];
             switch (type) { /* a constant type per case: block() folds to one format */
-            case Q4_0: block(Q4_0, blk, sub, &lo, &hi); break;
-            case Q4_1: block(Q4_1, blk, sub, &lo, &hi); break;
-            case Q8_0: block(Q8_0, blk, sub, &lo, &hi); break;
-            case Q4_K: block(Q4_K, blk, sub, &lo, &hi); break;
-            case Q5_K: block(Q5_K, blk, sub, &lo, &hi); break;
-            case Q6_K: block(Q6_K, blk, sub, &lo, &hi); break;
-            default: block(I8, blk, sub, &lo, &hi); lo *= s; hi *= s; break;
+            case Q4_0: block(Q4_0, blk, sub, v); break;
+            case Q4_1: block(Q4_1, blk, sub, v); break;
+            case Q8_0: block(Q8_0, blk, sub, v); break;
+            case Q4_K: block(Q4_K, blk, sub, v); break;
+            case Q5_K: block(Q5_K, blk, sub, v); break;
+            case Q6_K: block(Q6_K, blk, sub, v); break;
+            default:
+                block(I8, blk, sub, v);
+                for (int j = 0; j < NV; j++) v[j] *= s;
+                break;
             }
-            memcpy(out + k, &lo, sizeof lo);
-            memcpy(out + k + 16, &hi, sizeof hi);
+            memcpy(out + k, v, sizeof v);
         }
     }
 }
