@@ -160,3 +160,17 @@ def test_cli_json_and_errors(tiny_models, tmp_path, text) -> None:
     empty.write_text("")
     res = runner.invoke(main, ["perplexity", str(empty), "--model", model])
     assert res.exit_code == 2 and "empty.txt: the text is empty" in res.output
+
+
+def test_prompt_logprobs_survive_preemption(tiny_models) -> None:
+    """A preempted request computes its prompt again; its entries are neither doubled nor lost."""
+    prompts = [list(range(5, 45)), list(range(50, 90))]
+    params = SamplingParams(max_tokens=24, prompt_logprobs=0, ignore_eos=True)
+    roomy = LLM.from_engine(_engine(tiny_models["llama"])).generate(prompts, params)
+    tight = LLM.from_engine(_engine(tiny_models["llama"], num_blocks=6)).generate(prompts, params)
+    assert sum(o.num_preemptions for o in tight) > 0
+    for a, b in zip(roomy, tight, strict=True):
+        assert len(b.prompt_logprobs) == len(a.prompt_logprobs) == 40
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert x.keys() == y.keys() and list(x.values()) == pytest.approx(list(y.values()),
+                                                                               abs=1e-5)
