@@ -18,8 +18,9 @@ from kvcli.commands.models import models
 from kvcli.commands.perplexity import perplexity
 
 # Commands whose start-up (model load, conversion) keeps kvcli/startup.py's exit-at-once
-# Ctrl-C handler; the others get Python's default handling back, as before.
-_CLEAN_EXIT_COMMANDS = frozenset({"generate", "models"})
+# Ctrl-C handler; the others get Python's default handling back, as before. perplexity keeps
+# it throughout: it writes nothing until its one result line.
+_CLEAN_EXIT_COMMANDS = frozenset({"generate", "models", "perplexity"})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

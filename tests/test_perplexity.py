@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from test_startup_signals import _stderr_is_clean, _wait_until_python_catches_sigint
 
 from kvcli.batch.parse import ParseOptions, parse_line
 from kvcli.batch.records import FailedLine
@@ -174,3 +179,17 @@ def test_prompt_logprobs_survive_preemption(tiny_models) -> None:
         for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
             assert x.keys() == y.keys() and list(x.values()) == pytest.approx(list(y.values()),
                                                                                abs=1e-5)
+
+
+def test_ctrl_c_exits_130_without_a_traceback(tiny_models, tmp_path) -> None:
+    long = tmp_path / "long.txt"
+    long.write_text(TEXT_FILE.read_text(encoding="utf-8") * 20)  # ~1,000 windows: still running
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvcli", "perplexity", str(long), "--model",
+         str(tiny_models["llama"]), "--context", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_until_python_catches_sigint(proc.pid)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and _stderr_is_clean(err) and "PPL" not in out, err
