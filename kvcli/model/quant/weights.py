@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from kvcli.model import native
+from kvcli.model import large_gemm, native
 from kvcli.model.quant import QuantError
 
 # GGML type ids (gguf.GGMLQuantizationType) of the formats the native kernel runs; I8 is kvcli's
@@ -106,7 +105,8 @@ class QuantWeight(_AsArray):
                 x2.shape[0], self.shape[0], in_features, native.num_threads())
             if status == 0:
                 return y.reshape(*lead, self.shape[0])
-        return F.linear(x2, self.dequantize(), bias).reshape(*lead, self.shape[0])
+        # The de-quantized panel goes to the library float32 prefill uses (model/large_gemm.py).
+        return large_gemm.linear(x2, self.dequantize(), bias).reshape(*lead, self.shape[0])
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 ``[len(rows) or out, in]``: the given rows (all when None) de-quantized."""
