@@ -189,11 +189,11 @@ def load_model(
     load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
     if hasattr(model, "enable_fast_decode"):
         model.enable_fast_decode()
-    _release_free_heap()
+    release_free_heap()
     return model.eval()
 
 
-def _release_free_heap() -> None:
+def release_free_heap() -> None:
     """Hand the loader's freed scratch memory back to the OS (glibc keeps it otherwise:
     ~27 MB of peak RSS for SmolLM2-135M). A no-op where there is no glibc."""
     import ctypes
@@ -214,4 +214,5 @@ __all__ = [
     "load_weights",
     "read_eos_token_ids",
     "read_model_config",
+    "release_free_heap",
 ]

@@ -54,7 +54,7 @@ def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype | None = None,
     """The model of ``model_dir`` with ``mode``'s quantized weights (CPU, float32 activations)."""
     import torch
 
-    from kvcli.model.loader import build_model, load_model, read_model_config
+    from kvcli.model.loader import build_model, load_model, read_model_config, release_free_heap
     from kvcli.model.quant.apply import load_gguf_model, quantize_int8_model
 
     if mode not in MODES:
@@ -64,9 +64,13 @@ def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype | None = None,
         raise QuantError(f"--quantization {mode}: runs on CPU with float32 activations "
                          f"(--device cpu --dtype float32), got {device} / {dtype}")
     if mode == "int8":
-        return quantize_int8_model(load_model(model_dir, dtype, device, allow_pickle))
-    source = gguf_source(model_dir)
-    if source is None:
-        raise QuantError(f"--quantization gguf: {model_dir} was not converted from a GGUF file "
-                         "(use --model FILE.gguf or the default model, or --quantization int8)")
-    return load_gguf_model(build_model(read_model_config(model_dir), dtype, device), source).eval()
+        model = quantize_int8_model(load_model(model_dir, dtype, device, allow_pickle))
+    else:
+        source = gguf_source(model_dir)
+        if source is None:
+            raise QuantError(f"--quantization gguf: {model_dir} was not converted from a GGUF "
+                             "file (use --model FILE.gguf or the default model, or --quantization "
+                             "int8)")
+        model = load_gguf_model(build_model(read_model_config(model_dir), dtype, device), source)
+    release_free_heap()  # the float32 matrices (int8) or the unstacked q/k rows (gguf)
+    return model.eval()

@@ -16,7 +16,7 @@ from torch import nn
 from kvcli.model.layers import Embedding, Linear
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
 from kvcli.model.quant import QuantError
-from kvcli.model.quant.gguf_weights import gguf_tensors
+from kvcli.model.quant.gguf_weights import gguf_weights
 from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 
 
@@ -73,7 +73,8 @@ def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
     params = dict(model.named_parameters())
     pending: dict[str, dict[int, QuantWeight]] = {}
     loaded: set[str] = set()
-    for name, value in gguf_tensors(path):
+    weights = gguf_weights(path)
+    for name, value in weights:
         target, shard = _destination(model, name)
         if isinstance(value, QuantWeight):
             module = model.get_submodule(target.rsplit(".", 1)[0])
@@ -97,4 +98,6 @@ def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
     missing = sorted(set(params) - loaded)
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
-    return _finish(model)
+    model = _finish(model)
+    weights.release_pages()
+    return model
