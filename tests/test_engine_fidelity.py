@@ -131,16 +131,26 @@ def test_reset_prefix_cache_keeps_the_pool_and_starts_cold(tiny_models):
         engine.reset_prefix_cache()
 
 
+@pytest.mark.parametrize("kernel", ["native", "torch-cascade"])
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen3"])
-def test_prefill_cascade_equals_transformers(tiny_models, family, monkeypatch):
-    """Prefill chunks of requests admitted after a shared prefix was cached attend it once
-    for all (prefill_cascade); outputs still equal transformers'."""
-    from kvcli.model import attention
+def test_prefill_cascade_equals_transformers(tiny_models, family, kernel, monkeypatch):
+    """Prefill chunks of requests admitted after a shared prefix was cached: the torch route
+    attends the prefix once for all (prefill_cascade), the native kernel reads it in place for
+    each (paged prefill); outputs still equal transformers'."""
+    from kvcli.model import attention, backend
 
     calls = []
-    real = attention.prefill_cascade
-    monkeypatch.setattr(attention, "prefill_cascade",
-                        lambda *a: calls.append(len(a[2].seqs)) or real(*a))
+    if kernel == "torch-cascade":
+        monkeypatch.setattr(backend.native, "load", lambda: None)
+        real = attention.prefill_cascade
+        monkeypatch.setattr(attention, "prefill_cascade",
+                            lambda *a: calls.append(len(a[2].seqs)) or real(*a))
+    else:
+        if backend.native.load() is None:
+            pytest.skip("no C compiler: the torch path is used")
+        real = attention.paged_prefill_attention
+        monkeypatch.setattr(attention, "paged_prefill_attention",
+                            lambda *a: calls.append(a[4].shape[0]) or real(*a))
     model_dir = tiny_models[family]
     ref = HFReference(model_dir, MAX_NEW)
     llm = LLM(str(model_dir), block_size=BLOCK)

@@ -22,7 +22,8 @@ from kvcli.model.decode_batch import (
     build_paged_decode,
     decode_attention,
 )
-from kvcli.model.native import paged_decode_attention
+from kvcli.model.native import paged_decode_attention, paged_prefill_attention
+from kvcli.model.paged_prefill import PagedPrefill, build_paged_prefill
 from kvcli.model.prefill_cascade import (
     PrefillGroup,
     broadcast_kv,
@@ -48,6 +49,7 @@ class AttentionMetadata:
     paged_decode: PagedDecode | None = None
     native: Any = None  # the loaded kvcli.model.native library
     prefill_groups: list[PrefillGroup] = field(default_factory=list)  # shared cached prefixes
+    paged_prefill: PagedPrefill | None = None  # with the native kernels: every other sequence
 
     @property
     def num_seqs(self) -> int:
@@ -95,11 +97,14 @@ def build_attention_metadata(
         block_size=block_size,
         native=native,
     )
-    meta.prefill_groups = build_prefill_groups(block_tables, num_computed, query_start_loc,
-                                               block_size)
     if native is not None:
         meta.paged_decode = build_paged_decode(block_tables, seq_lens, query_start_loc, block_size)
+        decoding = meta.paged_decode.seqs if meta.paged_decode is not None else []
+        meta.paged_prefill = build_paged_prefill(context_slots, seq_lens, query_start_loc,
+                                                 decoding)
     else:
+        meta.prefill_groups = build_prefill_groups(block_tables, num_computed, query_start_loc,
+                                                   block_size)
         meta.decode = build_decode_batches(block_tables, seq_lens, query_start_loc, block_size,
                                            device)
     return meta
@@ -186,11 +191,16 @@ class TorchSDPAAttention:
         pd = meta.paged_decode
         if pd is not None and len(pd.seqs) == q.shape[0]:  # pure decode: no gather, no scatter
             return self._paged(q, kv_layer, meta)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         batched: set[int] = set()
         if pd is not None:
             out[pd.rows] = self._paged(q[pd.rows], kv_layer, meta)
             batched.update(pd.seqs)
+        if meta.paged_prefill is not None:  # every other sequence, through the native kernel
+            pp = meta.paged_prefill
+            paged_prefill_attention(meta.native, q.contiguous(), kv_layer, pp.slots, pp.seqs,
+                                    out, self.sliding_window, self.scale)
+            return out
         elif self.sliding_window is None:
             for batch in meta.decode:
                 rows = batch.rows

@@ -61,7 +61,8 @@ def select_backend(model: Any, kv_cache: torch.Tensor, device: torch.device) -> 
         native=lib,
         isa=kernel_isa(lib) if lib is not None else "",
         decode_attention="native paged" if lib is not None else "torch batched + cascade",
-        prefill_attention="torch SDPA per sequence + prefix cascade",
+        prefill_attention="native paged" if lib is not None
+        else "torch SDPA per sequence + prefix cascade",
         batch1_decode=batch1,
         matmul=matmul,
         elementwise="native" if lib is not None else "torch",

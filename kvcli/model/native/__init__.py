@@ -24,7 +24,8 @@ import torch
 log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n)
-                for n in ("pool.c", "gemm.c", "paged_attention.c", "elementwise.c", "qgemm.c"))
+                for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
+                          "elementwise.c", "qgemm.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
@@ -117,6 +118,9 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     fn = lib.kvcli_paged_decode_attention
     fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
     fn.restype = ctypes.c_int
+    fn = lib.kvcli_paged_prefill_attention
+    fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
+    fn.restype = ctypes.c_int
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
@@ -164,6 +168,26 @@ def paged_decode_attention(
     if status:
         raise MemoryError("paged decode attention: out of memory for its score buffers")
     return out
+
+
+def paged_prefill_attention(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32, contiguous, new K/V written
+    slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
+    seqs: torch.Tensor,  # [S, 4] int64: first q row, q_len, context length, first slot index
+    out: torch.Tensor,  # [T, H, D]: the listed sequences' rows are written
+    window: int | None,
+    scale: float,
+) -> None:
+    """Causal attention of each listed sequence's new queries over its paged context."""
+    _, num_heads, head_dim = q.shape
+    status = lib.kvcli_paged_prefill_attention(
+        q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
+        seqs.data_ptr(), out.data_ptr(), seqs.shape[0], num_heads, kv_layer.shape[2], head_dim,
+        window or 0, scale, num_threads())
+    if status:
+        raise MemoryError("paged prefill attention: out of memory for its work items")
 
 
 def gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,

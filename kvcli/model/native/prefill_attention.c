@@ -1,0 +1,282 @@
+/* Paged prefill attention for CPU float32: each sequence's new queries (a prompt chunk) attend
+ * causally to its whole context, read where it lies in the paged KV cache.
+ *
+ * The torch route gathers a sequence's cached context (index_select), calls SDPA per sequence
+ * (per shared-prefix group with the cascade), and ran at about a third of the matmul rate (13%
+ * of a distinct prefill on AVX-512, more once the matmuls use oneDNN). Here the work items are
+ * (sequence, KV head, tile of QT query positions): one tile's queries of all the heads of one KV
+ * group share each block of 16 keys, which is transposed once into a [D][16] panel so that a
+ * query's 16 scores are D fused multiply-adds on a 16-float vector; the softmax is online
+ * (flash attention), so no score matrix is ever stored. Items are claimed from a counter by
+ * the pool's threads, longest first, so a descheduled thread holds up nothing.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "pool.h"
+
+#define KB 32 /* keys per panel: two 16-float vectors of scores per query */
+#define QT 16 /* query positions per work item */
+
+/* One vector register of floats: 16 with AVX-512, else 8 (a wider GCC vector type is split
+ * by the compiler, and on AVX2 it kept such vectors in memory: 10x slower). */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+#define NV (KB / VW) /* vectors per row of panel scores */
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+
+typedef struct {
+    int64_t seq, head, first; /* KV head `head` of sequence `seq`, queries first.. first+QT */
+} item_t;
+
+typedef struct {
+    const float *q, *k, *v;    /* q [T, H, D]; k, v [num_slots, Hkv, D] */
+    const int64_t *slots;      /* flat slots of every listed sequence's context, concatenated */
+    const int64_t *seqs;       /* [S, 4]: first q row, q_len, context length, first slot index */
+    float *out;                /* [T, H, D] */
+    int64_t H, Hkv, D, window;
+    float scale;
+    const item_t *items;
+    int64_t num_items;
+    _Atomic int64_t next;
+    _Atomic int status;
+} job_t;
+
+/* max and sum of 32 floats as vector trees (a scalar loop is a 31-step dependency chain). */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline float max32(const float *x) {
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
+}
+static inline float sum32(const float *x) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+static inline float hfold(__m256 v, int is_max) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    if (is_max) h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = is_max ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = is_max ? _mm_max_ss(h, _mm_movehdup_ps(h)) : _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+static inline float max32(const float *x) {
+    const __m256 a = _mm256_max_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+    const __m256 b = _mm256_max_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
+    return hfold(_mm256_max_ps(a, b), 1);
+}
+static inline float sum32(const float *x) {
+    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
+    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
+    return hfold(_mm256_add_ps(a, b), 0);
+}
+#else
+static inline float max32(const float *x) {
+    float m = x[0];
+    for (int t = 1; t < 32; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+static inline float sum32(const float *x) {
+    float s = 0.0f;
+    for (int t = 0; t < 32; t++) s += x[t];
+    return s;
+}
+#endif
+
+/* dst[t] = expf(src[t] - shift). Out of line with a runtime count, so the loop vectorizer
+ * calls glibc's vector expf (a fixed 16 is unrolled into 16 scalar calls instead). */
+__attribute__((noinline)) static void exp_shifted(const float *src, float shift, float *dst,
+                                                  int64_t n) {
+    for (int64_t t = 0; t < n; t++) dst[t] = expf(src[t] - shift);
+}
+
+#if defined(__AVX512F__)
+#define RB 4 /* query rows scored together: 8 multiply-add chains of one register each */
+#else
+#define RB 2 /* a 16-float vector is two AVX2 registers: 2 rows already make 8 chains */
+#endif
+
+/* Scores of RB query rows q[r] against the [D][KB] key panel, as two 16-key halves: each panel
+ * vector loaded serves RB independent multiply-add chains. */
+static inline void scores(int64_t D, const float *const *q, const float *kt, vf (*out)[NV]) {
+    vf a[RB][NV] = {{{0}}};
+    for (int64_t d = 0; d < D; d++) {
+        vf k[NV];
+        for (int c = 0; c < NV; c++) k[c] = *(const vf *)(kt + d * KB + c * VW);
+        for (int r = 0; r < RB; r++)
+            for (int c = 0; c < NV; c++) a[r][c] += q[r][d] * k[c];
+    }
+    for (int r = 0; r < RB; r++)
+        for (int c = 0; c < NV; c++) out[r][c] = a[r][c];
+}
+
+/* ATTEND(NAME, DIM): one item, `m` query vectors (QT positions x the group's heads) with their
+ * running max, sum and output in mx, l, o [m][D]; kt is the [D][KB] key panel, q the rows'
+ * query vectors. DIM is a compile-time head size where one is given. */
+#define ATTEND(NAME, DIM)                                                                      \
+    static void NAME(const job_t *j, const item_t *it, float *kt, float *mx, float *l,        \
+                     float *o, const float **q) {                                              \
+        const int64_t D = (DIM), H = j->H, group = H / j->Hkv, g = it->head;                   \
+        const int64_t *info = j->seqs + 4 * it->seq;                                           \
+        const int64_t row0 = info[0], q_len = info[1], len = info[2];                          \
+        const int64_t *slots = j->slots + info[3], stride = j->Hkv * D, w = j->window;         \
+        const int64_t pos0 = len - q_len, first = it->first;                                   \
+        const int64_t last = first + QT < q_len ? first + QT : q_len, m = (last - first) * group; \
+        const int64_t hi = pos0 + last; /* keys [lo, hi) are visible to some query */          \
+        const int64_t lo = w > 0 && pos0 + first - w + 1 > 0 ? pos0 + first - w + 1 : 0;       \
+        for (int64_t i = 0; i < m; i++) {                                                      \
+            q[i] = j->q + ((row0 + first + i / group) * H + g * group + i % group) * D;        \
+            mx[i] = -INFINITY, l[i] = 0.0f;                                                    \
+            for (int64_t d = 0; d < D; d++) o[i * D + d] = 0.0f;                               \
+        }                                                                                      \
+        const float *vrow[KB];                                                                 \
+        for (int64_t k0 = lo; k0 < hi; k0 += KB) {                                             \
+            const int64_t nk = hi - k0 < KB ? hi - k0 : KB;                                    \
+            for (int64_t t = 0; t < KB; t++) {                                                 \
+                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * D;              \
+                vrow[t] = j->v + at;                                                           \
+                for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];                 \
+            }                                                                                  \
+            /* A row that sees every key of the panel needs no mask. */                        \
+            const int64_t clear_from = k0 + KB - 1, clear_to = w > 0 ? k0 + w : INT64_MAX;      \
+            for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
+                vf sv[RB][NV];                                                                 \
+                const float *qs[RB];                                                           \
+                for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];          \
+                scores(D, qs, kt, sv);                                                         \
+                float p[RB][KB], alpha[RB];                                                    \
+                int live[RB];                                                                  \
+                for (int64_t r = 0; r < RB; r++) {                                             \
+                    const int64_t i = i0 + r, pos = pos0 + first + i / group;                  \
+                    live[r] = i < m && k0 <= pos; /* else every key is in its future */        \
+                    if (!live[r]) continue;                                                    \
+                    float sc[KB];                                                              \
+                    for (int c = 0; c < NV; c++) *(vf *)(sc + c * VW) = sv[r][c] * j->scale;   \
+                    if (nk < KB || pos < clear_from || pos >= clear_to)                        \
+                        for (int64_t t = 0; t < KB; t++) {                                     \
+                            const int64_t kp = k0 + t;                                         \
+                            if (t >= nk || kp > pos || (w > 0 && kp <= pos - w)) sc[t] = -INFINITY; \
+                        }                                                                      \
+                    const float top = max32(sc), now = top > mx[i] ? top : mx[i];              \
+                    alpha[r] = now == mx[i] ? 1.0f : expf(mx[i] - now);                        \
+                    exp_shifted(sc, now, p[r], KB);                                            \
+                    mx[i] = now, l[i] = l[i] * alpha[r] + sum32(p[r]);                         \
+                }                                                                              \
+                for (int64_t r = 0; r < RB; r += 2) {                                          \
+                    float *oa = o + (i0 + r) * D, *ob = oa + D;                                \
+                    if (live[r] && r + 1 < RB && live[r + 1])                                  \
+                        accumulate2(oa, ob, D, alpha[r], alpha[r + 1], p[r], p[r + 1], vrow, nk); \
+                    else {                                                                     \
+                        if (live[r]) accumulate(oa, D, alpha[r], p[r], vrow, nk);              \
+                        if (r + 1 < RB && live[r + 1])                                         \
+                            accumulate(ob, D, alpha[r + 1], p[r + 1], vrow, nk);               \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t i = 0; i < m; i++) {                                                      \
+            float *dst = j->out + ((row0 + first + i / group) * H + g * group + i % group) * D; \
+            const float inv = 1.0f / l[i];                                                     \
+            for (int64_t d = 0; d < D; d++) dst[d] = o[i * D + d] * inv;                       \
+        }                                                                                      \
+    }
+
+/* o[0..D) = alpha * o + sum_t p[t] * vrow[t][0..D). */
+static inline void accumulate(float *o, int64_t D, float alpha, const float *p,
+                              const float *const *vrow, int64_t nk) {
+    if (D == 64) { /* the row's output stays in 64 / VW registers */
+        vf acc[64 / VW];
+        for (int c = 0; c < 64 / VW; c++) acc[c] = *(vf *)(o + c * VW) * alpha;
+        for (int64_t t = 0; t < nk; t++)
+            for (int c = 0; c < 64 / VW; c++) acc[c] += p[t] * *(const vf *)(vrow[t] + c * VW);
+        for (int c = 0; c < 64 / VW; c++) *(vf *)(o + c * VW) = acc[c];
+        return;
+    }
+    for (int64_t d = 0; d < D; d++) o[d] *= alpha;
+    for (int64_t t = 0; t < nk; t++)
+        for (int64_t d = 0; d < D; d++) o[d] += p[t] * vrow[t][d];
+}
+
+/* Two rows' accumulations at once (each V vector loaded serves both): with D = 64 on AVX-512
+ * that is 8 independent multiply-add chains instead of 4. */
+static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, float alpha_b,
+                               const float *pa, const float *pb, const float *const *vrow,
+                               int64_t nk) {
+#if defined(__AVX512F__)
+    if (D == 64) {
+        vf a0 = *(vf *)oa * alpha_a, a1 = *(vf *)(oa + 16) * alpha_a;
+        vf a2 = *(vf *)(oa + 32) * alpha_a, a3 = *(vf *)(oa + 48) * alpha_a;
+        vf b0 = *(vf *)ob * alpha_b, b1 = *(vf *)(ob + 16) * alpha_b;
+        vf b2 = *(vf *)(ob + 32) * alpha_b, b3 = *(vf *)(ob + 48) * alpha_b;
+        for (int64_t t = 0; t < nk; t++) {
+            const float *vt = vrow[t];
+            const vf v0 = *(const vf *)vt, v1 = *(const vf *)(vt + 16);
+            const vf v2 = *(const vf *)(vt + 32), v3 = *(const vf *)(vt + 48);
+            a0 += pa[t] * v0, a1 += pa[t] * v1, a2 += pa[t] * v2, a3 += pa[t] * v3;
+            b0 += pb[t] * v0, b1 += pb[t] * v1, b2 += pb[t] * v2, b3 += pb[t] * v3;
+        }
+        *(vf *)oa = a0, *(vf *)(oa + 16) = a1, *(vf *)(oa + 32) = a2, *(vf *)(oa + 48) = a3;
+        *(vf *)ob = b0, *(vf *)(ob + 16) = b1, *(vf *)(ob + 32) = b2, *(vf *)(ob + 48) = b3;
+        return;
+    }
+#endif
+    accumulate(oa, D, alpha_a, pa, vrow, nk);
+    accumulate(ob, D, alpha_b, pb, vrow, nk);
+}
+
+ATTEND(attend_64, 64)
+ATTEND(attend_128, 128)
+ATTEND(attend_any, j->D)
+
+static void run_part(const void *args, int64_t t, int64_t n) {
+    (void)t;
+    (void)n;
+    job_t *j = (job_t *)args;
+    const int64_t group = j->H / j->Hkv;
+    float *kt = aligned_alloc(64, sizeof(float) * ((j->D * KB + 15) / 16 * 16));
+    float *mx = malloc(sizeof(float) * QT * group), *l = malloc(sizeof(float) * QT * group);
+    float *o = malloc(sizeof(float) * QT * group * j->D);
+    const float **q = malloc(sizeof(float *) * QT * group);
+    void (*attend)(const job_t *, const item_t *, float *, float *, float *, float *,
+                   const float **) =
+        j->D == 64 ? attend_64 : j->D == 128 ? attend_128 : attend_any;
+    if (!kt || !mx || !l || !o || !q) {
+        atomic_store(&j->status, 1);
+    } else {
+        for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;)
+            attend(j, &j->items[i], kt, mx, l, o, q);
+    }
+    free(kt);
+    free(mx);
+    free(l);
+    free(o);
+    free(q);
+}
+
+/* Returns 0 on success, 1 when memory ran out. Every listed sequence's K/V, the new tokens'
+ * included, must already be in the cache. */
+int kvcli_paged_prefill_attention(const float *q, const float *k, const float *v,
+                                  const int64_t *slots, const int64_t *seqs, float *out,
+                                  int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                                  int64_t head_dim, int64_t window, float scale,
+                                  int64_t num_threads) {
+    int64_t count = 0;
+    for (int64_t s = 0; s < num_seqs; s++) count += (seqs[4 * s + 1] + QT - 1) / QT * num_kv_heads;
+    item_t *items = malloc(sizeof(item_t) * (count ? count : 1));
+    if (!items) return 1;
+    /* Longest first: a tile's work grows with its last query's position. */
+    int64_t n = 0;
+    for (int64_t s = 0; s < num_seqs; s++)
+        for (int64_t first = (seqs[4 * s + 1] - 1) / QT * QT; first >= 0; first -= QT)
+            for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){s, g, first};
+    job_t job = {q, k, v, slots, seqs, out, num_heads, num_kv_heads, head_dim, window, scale,
+                 items, n, 0, 0};
+    kvcli_parallel(run_part, &job, num_threads < n ? num_threads : n, 0);
+    free(items);
+    return atomic_load(&job.status);
+}

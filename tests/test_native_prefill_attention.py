@@ -1,0 +1,70 @@
+"""The native paged prefill attention (native/prefill_attention.c) against float64.
+
+Sequences of a step are laid out over shuffled blocks of the paged cache, with cached context
+before their new queries (chunked prefill, prefix hits), query counts across the kernel's
+16-position tiles and keys across its 32-key panels, grouped KV heads (1, 3, 4 queries per KV
+head), head sizes with and without a compiled-in variant, sliding windows, decode tokens in
+the same step (the decode kernel takes those), and 1 or more threads.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
+
+from kvcli.model.attention import TorchSDPAAttention, build_attention_metadata
+
+BLOCK = 16
+
+
+def reference(q, kv, tables, computed, new, window, scale):
+    """float64 causal attention of each sequence's new queries over its whole context."""
+    heads, kv_heads = q.shape[1], kv.shape[2]
+    out, row = torch.empty(q.shape, dtype=torch.float64), 0
+    for table, c, n in zip(tables, computed, new, strict=True):
+        length = c + n
+        slots = torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(length)])
+        keys, values = kv[0, slots].double(), kv[1, slots].double()  # [L, Hkv, D]
+        group = heads // kv_heads
+        for i in range(n):
+            pos = c + i
+            visible = torch.arange(length) <= pos
+            if window is not None:
+                visible &= torch.arange(length) > pos - window
+            for h in range(heads):
+                s = keys[:, h // group] @ q[row + i, h].double() * scale
+                s[~visible] = float("-inf")
+                out[row + i, h] = torch.softmax(s, 0) @ values[:, h // group]
+        row += n
+    return out
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 128), (4, 4, 32)])
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_lib,  # noqa: F811
+                                monkeypatch):
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    rng = random.Random(heads * dim + (window or 0))
+    torch.manual_seed(dim)
+    computed = [0, 0, 40, 7, 33, 0, 12]
+    new = [1, 17, 16, 33, 1, 70, 5]  # a one-token prompt; a decode token after 33 cached
+    blocks = list(range(64))
+    rng.shuffle(blocks)
+    tables, at = [], 0
+    for c, n in zip(computed, new, strict=True):
+        count = -(-(c + n) // BLOCK)
+        tables.append(blocks[at:at + count])
+        at += count
+    kv = torch.randn(2, 64 * BLOCK, kv_heads, dim)
+    rows = sum(new)
+    q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
+    meta = build_attention_metadata(tables, computed, new, BLOCK, "cpu", native=native_lib)
+    assert meta.paged_prefill is not None and 4 not in meta.paged_prefill.seq_ids
+    scale = dim ** -0.5
+    got = TorchSDPAAttention(scale, window).forward(q, k, v, kv, meta)  # writes k, v first
+    want = reference(q, kv, tables, computed, new, window, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
