@@ -16,6 +16,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -115,6 +117,29 @@ def remove_stale_temp_dirs(parent: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+@contextmanager
+def staged_directory(dest: Path, quiet: bool,
+                     is_done: Callable[[Path], bool]) -> Iterator[tuple[Path, ModelProgress]]:
+    """(a new hidden directory beside ``dest``, progress) to write ``dest``'s files into; renamed
+    onto ``dest`` when the block ends (unless a concurrent writer finished first: ``is_done``),
+    removed if it fails or is interrupted. Temporary directories of dead processes go first."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(dest.parent)
+    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-",
+                                 dir=dest.parent))
+    progress = ModelProgress(quiet)
+    try:
+        with startup.removed_if_interrupted(temp), progress.library_output():
+            yield temp, progress
+            try:
+                os.rename(temp, dest)
+            except OSError:
+                if not is_done(dest):
+                    raise
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def gguf_chat_template(gguf_path: Path) -> str | None:
     """The tokenizer.chat_template string stored in a GGUF's metadata, if any."""
     import gguf
@@ -178,30 +203,16 @@ def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: boo
         raise ModelResolveError(
             f"{dest} exists but is not a finished kvcli conversion (no {MARKER}); remove it and retry"
         )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_dirs(dest.parent)
-    temp = Path(
-        tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-", dir=dest.parent)
-    )
-    progress = ModelProgress(quiet)
     started = time.monotonic()
-    progress.phase(f"converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
-                   "(first use only; this takes a while)")
-    try:
-        with startup.removed_if_interrupted(temp), progress.library_output():
-            progress.phase("de-quantizing the tensors and writing model.safetensors")
-            _write_hf_checkpoint(gguf_path, temp)
-            _ensure_chat_template(gguf_path, temp, require_chatml)
-            progress.phase("recording the checksums of the converted files")
-            record = _conversion_record(gguf_path, temp, dest.name, started)
-            (temp / MARKER).write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
-            try:
-                os.rename(temp, dest)
-            except OSError:
-                if not is_converted(dest):  # not a concurrent conversion that finished first
-                    raise
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with staged_directory(dest, quiet, is_converted) as (temp, progress):
+        progress.phase(f"converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
+                       "(first use only; this takes a while)")
+        progress.phase("de-quantizing the tensors and writing model.safetensors")
+        _write_hf_checkpoint(gguf_path, temp)
+        _ensure_chat_template(gguf_path, temp, require_chatml)
+        progress.phase("recording the checksums of the converted files")
+        record = _conversion_record(gguf_path, temp, dest.name, started)
+        (temp / MARKER).write_text(json.dumps(asdict(record), indent=2), encoding="utf-8")
     progress.phase(f"converted {label} in {time.monotonic() - started:.1f} s")
     return dest
 

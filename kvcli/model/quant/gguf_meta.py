@@ -13,20 +13,14 @@ Deriving takes seconds (transformers parses the vocabulary); later runs only sta
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from kvcli import startup
-from kvcli.model.convert import ModelResolveError, gguf_chat_template, remove_stale_temp_dirs
-from kvcli.model.progress import ModelProgress
+from kvcli.model.convert import ModelResolveError, gguf_chat_template, staged_directory
 
 LINK = "model.gguf"
-FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 _DONE = "kvcli_gguf.json"  # written last: a directory without it is unfinished
-_TEMP_PREFIX = ".tmp-"
 
 
 def linked_gguf(model_dir: Path) -> Path | None:
@@ -67,26 +61,13 @@ def gguf_model_dir(gguf_path: Path, dest: Path, *, label: str, require_chatml: b
         return dest
     if dest.exists():  # unfinished (killed while writing) or the GGUF moved: made again
         shutil.rmtree(dest, ignore_errors=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_dirs(dest.parent)
-    temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-{dest.name}-",
-                                 dir=dest.parent))
-    progress = ModelProgress(quiet)
     started = time.monotonic()
-    progress.phase(f"reading the config and tokenizer of {label} ({gguf_path.name}) "
-                   "for --quantization gguf (first use only)")
-    try:
-        with startup.removed_if_interrupted(temp), progress.library_output():
-            _write_metadata(gguf_path, temp, require_chatml)
-            (temp / LINK).symlink_to(gguf_path.resolve())
-            (temp / _DONE).write_text(json.dumps({"source": str(gguf_path.resolve())}) + "\n",
-                                      encoding="utf-8")
-            try:
-                os.rename(temp, dest)
-            except OSError:
-                if linked_gguf(dest) is None:  # not a concurrent run that finished first
-                    raise
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with staged_directory(dest, quiet, lambda d: linked_gguf(d) is not None) as (temp, progress):
+        progress.phase(f"reading the config and tokenizer of {label} ({gguf_path.name}) "
+                       "for --quantization gguf (first use only)")
+        _write_metadata(gguf_path, temp, require_chatml)
+        (temp / LINK).symlink_to(gguf_path.resolve())
+        (temp / _DONE).write_text(json.dumps({"source": str(gguf_path.resolve())}) + "\n",
+                                  encoding="utf-8")
     progress.phase(f"ready in {time.monotonic() - started:.1f} s")
     return dest
