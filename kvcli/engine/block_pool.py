@@ -27,7 +27,7 @@ class KVCacheBlock:
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
     # Loaded from the disk cache and not yet taken by a request: its first taker counts a
-    # disk hit, later ones a memory hit (kv_cache.KVCacheManager._count_disk_hits).
+    # disk hit, later ones a memory hit (disk_blocks.DiskBlocks.credit).
     from_disk: bool = False
     # Intrusive links of the free queue: None while the block is in use.
     prev_free: KVCacheBlock | None = field(default=None, repr=False)

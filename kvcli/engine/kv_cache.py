@@ -11,7 +11,8 @@ step already hits it. The lookup walks ``request.block_hashes`` from block 0 and
 stops at the first miss: hashes are chained, so every later block misses too.
 With a disk tier (``--kv-cache-dir``) a block missing in memory is looked up on
 disk before the walk gives up; a disk hit is loaded into a free pool block and
-indexed like any computed block, so it is an ordinary memory hit from then on.
+indexed like any computed block, so it is an ordinary memory hit from then on
+(kvcli/engine/disk_blocks.py).
 With ``sliding_window`` (every layer windowed), blocks a running request can no longer attend
 become placeholders and go back to the pool (kvcli/engine/sliding_window.py).
 """
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from kvcli.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from kvcli.engine.disk_blocks import DiskBlocks, DiskTier
 from kvcli.engine.prefix_stats import PrefixCacheStats
 from kvcli.engine.request import Request
 from kvcli.engine.sliding_window import NULL_BLOCK, SlidingWindowFreer
@@ -37,14 +38,6 @@ __all__ = [
     "NULL_BLOCK",
     "PrefixCacheStats",
 ]
-
-
-class DiskTier(Protocol):
-    """Where blocks missing in memory may still be found (kvcli/engine/kv_disk.py)."""
-
-    def load(self, block_hash: BlockHash, block_id: int) -> bool:
-        """Fill pool block ``block_id`` with the block named ``block_hash``; False if absent."""
-        ...
 
 
 @dataclass(slots=True)
@@ -74,9 +67,11 @@ class KVCacheManager:
         # Lookup recorded for a request not admitted yet: a retry replaces it, so a
         # request that waits several steps for blocks is counted once.
         self._pending_lookups: dict[str, tuple[int, int, bool]] = {}
-        self.disk = disk if enable_caching else None
         self.disk_hit_tokens: dict[str, int] = {}  # request id -> tokens loaded from disk
-        self._new_full: list[tuple[KVCacheBlock, BlockHash]] = []  # registered this step
+        self.disk: DiskBlocks | None = None  # what comes from and goes to the disk tier
+        if disk is not None and enable_caching:
+            self.disk = DiskBlocks(disk, self.block_pool, block_size, self.stats,
+                                   self.disk_hit_tokens)
         self.window = (None if sliding_window is None else
                        SlidingWindowFreer(sliding_window, block_size, self.block_pool))
         self.peak_request_blocks = 0  # most pool blocks one request held at once
@@ -104,46 +99,11 @@ class KVCacheManager:
                 break
             hits.append(block)
         if record_stats and self.disk is not None and len(hits) < len(hashes):
-            hits = self._continue_on_disk(hits, hashes)
+            hits = self.disk.continue_walk(hits, hashes)
         num_hit_tokens = len(hits) * self.block_size
         if record_stats:
             self._record_lookup(request, num_hit_tokens)
         return hits, num_hit_tokens
-
-    def _continue_on_disk(self, hits: list[KVCacheBlock],
-                          hashes: list[BlockHash]) -> list[KVCacheBlock]:
-        """The same walk past the first memory miss, loading disk hits into pool blocks.
-
-        The walk's blocks are pinned meanwhile, so taking a free block for a load can
-        never evict a block of this very prefix; released, they are cached free blocks
-        (most recently used) that ``allocate_slots`` takes like any hit. A load takes a
-        block the request needs anyway (a full block is a hit or computed, in a pool block
-        either way), so loading never makes an admission fail that would have succeeded.
-        """
-        pool = self.block_pool
-        pool.touch(hits)
-        walk = list(hits)
-        try:
-            for block_hash in hashes[len(walk):]:
-                block = pool.get_cached_block(block_hash)
-                if block is not None:
-                    pool.touch([block])
-                elif pool.num_free_blocks == 0 or (block := self._load(block_hash)) is None:
-                    break
-                walk.append(block)
-        finally:
-            pool.free_blocks(reversed(walk))
-        return walk
-
-    def _load(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        assert self.disk is not None
-        [block] = self.block_pool.get_new_blocks(1)
-        if not self.disk.load(block_hash, block.block_id):
-            self.block_pool.free_blocks([block])
-            return None
-        self.block_pool.cache_block(block, block_hash)
-        block.from_disk = True
-        return block
 
     def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
         lookup = (request.num_tokens, num_hit_tokens, request.num_preemptions > 0)
@@ -185,7 +145,7 @@ class KVCacheManager:
             state = self._requests[request.request_id] = _RequestBlocks()
             self._pending_lookups.pop(request.request_id, None)
             if self.disk is not None:
-                self._count_disk_hits(request, new_computed_blocks)
+                self.disk.credit(request, new_computed_blocks)
         known = max(num_hit, request.num_computed_tokens // self.block_size)
         state.num_known_computed = max(state.num_known_computed, known)
         self.block_pool.touch(new_computed_blocks)
@@ -198,15 +158,6 @@ class KVCacheManager:
         self.peak_request_blocks = max(self.peak_request_blocks, held)
         self._update_pool_stats()
         return new_blocks
-
-    def _count_disk_hits(self, request: Request, hits: Sequence[KVCacheBlock]) -> None:
-        """Credit the blocks loaded from disk to the first request that takes them."""
-        tokens = self.block_size * sum(block.from_disk for block in hits)
-        for block in hits:
-            block.from_disk = False
-        if request.num_preemptions == 0:
-            self.stats.disk_hits += tokens
-        self.disk_hit_tokens.setdefault(request.request_id, tokens)
 
     def _check_allocation(
         self,
@@ -241,7 +192,7 @@ class KVCacheManager:
             block = state.blocks[i]
             fresh = block.block_hash is None  # not a hit: this step computes its K/V
             if self.block_pool.cache_block(block, hashes[i]) and fresh and self.disk is not None:
-                self._new_full.append((block, hashes[i]))
+                self.disk.filled.append((block, hashes[i]))
         state.num_registered = max(state.num_registered, num_full)
 
     def _update_pool_stats(self) -> None:
@@ -250,14 +201,9 @@ class KVCacheManager:
         self.stats.evicted_blocks = self.block_pool.num_evicted_blocks
 
     def drain_new_full_blocks(self) -> list[tuple[int, BlockHash]]:
-        """(block id, hash) of every block the step just run filled, for the disk tier.
-
-        Call after the forward pass. A block unindexed or reused before the step ran (its
-        request was preempted in the same schedule) no longer carries its hash: skipped.
-        """
-        done = [(b.block_id, h) for b, h in self._new_full if b.block_hash == h]
-        self._new_full.clear()
-        return done
+        """(block id, hash) of every block the step just run filled, for the disk tier
+        (:meth:`DiskBlocks.drain_filled`); always empty without one."""
+        return self.disk.drain_filled() if self.disk is not None else []
 
     # ------------------------------------------------------------------- free
     def free(self, request: Request) -> None:
