@@ -126,9 +126,9 @@ def test_cache_size_usage_errors(args: list[str], message: str) -> None:
 
 def test_engine_pool_constants_are_the_engine_s() -> None:
     from kvcli.audit.capacity import ENGINE_KV_MEMORY, ENGINE_MAX_BLOCKS, engine_pool_blocks
-    from kvcli.engine import llm_engine  # imports torch: the audit itself never does
+    from kvcli.engine import config
 
-    assert (ENGINE_KV_MEMORY, ENGINE_MAX_BLOCKS) == (llm_engine.DEFAULT_KV_CACHE_MEMORY, llm_engine.MAX_DEFAULT_BLOCKS)
+    assert (ENGINE_KV_MEMORY, ENGINE_MAX_BLOCKS) == (config.DEFAULT_KV_CACHE_MEMORY, config.MAX_DEFAULT_BLOCKS)
     assert engine_pool_blocks(46080, 16) == (1 << 30) // (46080 * 16)  # SmolLM2-135M: 1,456 blocks
     assert engine_pool_blocks(64, 16) == ENGINE_MAX_BLOCKS
 

@@ -8,13 +8,14 @@ for sampling rows only, Sampler) -> stop checks -> finished requests freed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvcli.engine.admission import check_prompt
+from kvcli.engine.config import EngineConfig, budget_num_blocks
 from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
@@ -24,29 +25,7 @@ from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
 from kvcli.engine.stop import check_stop, final_text
 
-DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
-MAX_DEFAULT_BLOCKS = 32768
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    model: str | None = None
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None  # bytes
-    max_num_batched_tokens: int = 1024
-    max_num_seqs: int = 64
-    enable_prefix_caching: bool = True
-    scheduling: str = "fcfs"  # or "cache-aware"
-    device: str = "cpu"
-    dtype: str = "float32"
-    allow_pickle: bool = False
-    seed: int = 0
-    quiet: bool = False  # no model conversion or download progress on stderr
-    kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
-    kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
-    quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
 
 
 class LLMEngine:
@@ -64,10 +43,7 @@ class LLMEngine:
         num_blocks = config.num_blocks
         if num_blocks is None:
             per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
-            budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
-            num_blocks = max(1, budget // per_block)
-            if config.kv_cache_memory is None:
-                num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
+            num_blocks = budget_num_blocks(config, per_block)
         self.num_blocks = int(num_blocks)
         kv = allocate_kv_cache(model, self.num_blocks, config.block_size, dtype, config.device)
         self.disk = self._open_disk_tier(kv, model_dir)

@@ -1,0 +1,38 @@
+"""What an engine is built from, and the size of the KV pool that follows (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
+MAX_DEFAULT_BLOCKS = 32768
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes
+    max_num_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    scheduling: str = "fcfs"  # or "cache-aware"
+    device: str = "cpu"
+    dtype: str = "float32"
+    allow_pickle: bool = False
+    seed: int = 0
+    quiet: bool = False  # no model conversion or download progress on stderr
+    kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
+    kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
+    quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
+
+
+def budget_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:
+    """The pool's blocks when ``num_blocks`` is not given: ``kv_cache_memory`` (default 1 GiB)
+    over the bytes of one block, at most MAX_DEFAULT_BLOCKS unless the memory was given."""
+    budget = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
+    num_blocks = max(1, budget // bytes_per_block)
+    if config.kv_cache_memory is None:
+        num_blocks = min(num_blocks, MAX_DEFAULT_BLOCKS)
+    return num_blocks
