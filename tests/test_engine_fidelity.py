@@ -148,8 +148,8 @@ def test_prefill_cascade_equals_transformers(tiny_models, family, kernel, monkey
     else:
         if backend.native.load() is None:
             pytest.skip("no C compiler: the torch path is used")
-        real = attention.paged_prefill_attention
-        monkeypatch.setattr(attention, "paged_prefill_attention",
+        real = backend.native.paged_prefill_attention
+        monkeypatch.setattr(backend.native, "paged_prefill_attention",
                             lambda *a: calls.append(a[4].shape[0]) or real(*a))
     model_dir = tiny_models[family]
     ref = HFReference(model_dir, MAX_NEW)

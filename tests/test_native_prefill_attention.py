@@ -68,3 +68,36 @@ def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_li
     got = TorchSDPAAttention(scale, window).forward(q, k, v, kv, meta)  # writes k, v first
     want = reference(q, kv, tables, computed, new, window, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_shared_prefix_decode_equals_float64(threads, native_lib, monkeypatch):  # noqa: F811
+    """Decode tokens of sequences sharing cached blocks read them once per group (two groups
+    of different prefix lengths, more members than one tile); the others take the decode
+    kernel; a prefill chunk in the same step."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(5)
+    heads, kv_heads, dim = 9, 3, 64
+    shared_a, shared_b = list(range(5)), list(range(5, 11))  # 5 and 6 blocks
+    tables, computed, new, nxt = [], [], [], 11
+    for i in range(20):  # 17 share a, 3 share b
+        prefix = shared_a if i < 17 else shared_b
+        own = 1 + i % 3
+        tables.append(prefix + list(range(nxt, nxt + own)))
+        nxt += own
+        computed.append(len(prefix) * BLOCK + own * BLOCK - 1 - i % 5)
+        new.append(1)
+    tables += [[nxt, nxt + 1], [nxt + 2, nxt + 3, nxt + 4]]  # a lone decode token; a prefill
+    computed += [20, 10]
+    new += [1, 30]
+    kv = torch.randn(2, (nxt + 5) * BLOCK, kv_heads, dim)
+    rows = sum(new)
+    q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
+    meta = build_attention_metadata(tables, computed, new, BLOCK, "cpu", native=native_lib)
+    shared = meta.shared_decode
+    assert shared is not None and shared.groups.tolist() == [[0, 17, 80], [17, 3, 96]]
+    assert shared.rest is not None and shared.rest.seqs == [20]
+    scale = dim ** -0.5
+    got = TorchSDPAAttention(scale).forward(q, k, v, kv, meta)
+    want = reference(q, kv, tables, computed, new, None, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)

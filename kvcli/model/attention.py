@@ -22,8 +22,12 @@ from kvcli.model.decode_batch import (
     build_paged_decode,
     decode_attention,
 )
-from kvcli.model.native import paged_decode_attention, paged_prefill_attention
-from kvcli.model.paged_prefill import PagedPrefill, build_paged_prefill
+from kvcli.model.native_attention import (
+    PagedRows,
+    build_paged_prefill,
+    build_shared_decode,
+    native_forward,
+)
 from kvcli.model.prefill_cascade import (
     PrefillGroup,
     broadcast_kv,
@@ -49,7 +53,8 @@ class AttentionMetadata:
     paged_decode: PagedDecode | None = None
     native: Any = None  # the loaded kvcli.model.native library
     prefill_groups: list[PrefillGroup] = field(default_factory=list)  # shared cached prefixes
-    paged_prefill: PagedPrefill | None = None  # with the native kernels: every other sequence
+    paged_prefill: PagedRows | None = None  # with the native kernels: every other sequence
+    shared_decode: PagedRows | None = None  # native: decode tokens sharing a cached prefix
 
     @property
     def num_seqs(self) -> int:
@@ -102,6 +107,8 @@ def build_attention_metadata(
         decoding = meta.paged_decode.seqs if meta.paged_decode is not None else []
         meta.paged_prefill = build_paged_prefill(context_slots, seq_lens, query_start_loc,
                                                  decoding)
+        meta.shared_decode = build_shared_decode(meta.paged_decode, block_tables, context_slots,
+                                                 seq_lens, query_start_loc, block_size)
     else:
         meta.prefill_groups = build_prefill_groups(block_tables, num_computed, query_start_loc,
                                                    block_size)
@@ -188,20 +195,11 @@ class TorchSDPAAttention:
     ) -> torch.Tensor:
         kv_layer[0].index_copy_(0, meta.slot_mapping, k)
         kv_layer[1].index_copy_(0, meta.slot_mapping, v)
-        pd = meta.paged_decode
-        if pd is not None and len(pd.seqs) == q.shape[0]:  # pure decode: no gather, no scatter
-            return self._paged(q, kv_layer, meta)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if meta.native is not None:  # CPU float32 with the kernels: no gather, no masks
+            return native_forward(q, kv_layer, meta, self.sliding_window, self.scale)
+        out = torch.empty_like(q)
         batched: set[int] = set()
-        if pd is not None:
-            out[pd.rows] = self._paged(q[pd.rows], kv_layer, meta)
-            batched.update(pd.seqs)
-        if meta.paged_prefill is not None:  # every other sequence, through the native kernel
-            pp = meta.paged_prefill
-            paged_prefill_attention(meta.native, q.contiguous(), kv_layer, pp.slots, pp.seqs,
-                                    out, self.sliding_window, self.scale)
-            return out
-        elif self.sliding_window is None:
+        if self.sliding_window is None:
             for batch in meta.decode:
                 rows = batch.rows
                 out[rows] = decode_attention(q[rows], kv_layer, batch, meta.block_size, self.scale)
@@ -220,14 +218,6 @@ class TorchSDPAAttention:
                 seq, q[start:end], k[start:end], v[start:end], kv_layer, meta
             )
         return out
-
-    def _paged(self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata
-               ) -> torch.Tensor:
-        """The native kernel over the step's single-token sequences (q: their rows, in order)."""
-        pd = meta.paged_decode
-        assert pd is not None
-        return paged_decode_attention(meta.native, q, kv_layer, pd.block_tables, pd.seq_lens,
-                                      meta.block_size, self.sliding_window, self.scale)
 
     @staticmethod
     def _mask(seq: int, key_start: int, meta: AttentionMetadata) -> torch.Tensor:

@@ -49,8 +49,10 @@ def build_paged_decode(
     seq_lens: list[int],
     query_start_loc: list[int],
     block_size: int,
+    seqs: list[int] | None = None,
 ) -> PagedDecode | None:
-    seqs = _decode_seqs(seq_lens, query_start_loc)
+    """The step's single-token sequences (or the given ones) for the native decode kernel."""
+    seqs = _decode_seqs(seq_lens, query_start_loc) if seqs is None else seqs
     if not seqs:
         return None
     nblocks = [-(-seq_lens[s] // block_size) for s in seqs]

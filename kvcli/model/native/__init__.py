@@ -121,6 +121,9 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     fn = lib.kvcli_paged_prefill_attention
     fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
     fn.restype = ctypes.c_int
+    fn = lib.kvcli_shared_decode_attention
+    fn.argtypes = [F32P, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4, ctypes.c_float, I64]
+    fn.restype = ctypes.c_int
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
@@ -188,6 +191,26 @@ def paged_prefill_attention(
         window or 0, scale, num_threads())
     if status:
         raise MemoryError("paged prefill attention: out of memory for its work items")
+
+
+def shared_decode_attention(
+    lib: ctypes.CDLL,
+    q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32, contiguous, new K/V written
+    slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
+    seqs: torch.Tensor,  # [S, 4] int64 as for prefill, q_len 1, listed group by group
+    groups: torch.Tensor,  # [G, 3] int64: first listed sequence, count, shared prefix length
+    out: torch.Tensor,  # [T, H, D]: the listed sequences' rows are written
+    scale: float,
+) -> None:
+    """Decode tokens of sequences sharing a cached prefix: the prefix read once per group."""
+    _, num_heads, head_dim = q.shape
+    status = lib.kvcli_shared_decode_attention(
+        q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
+        seqs.data_ptr(), groups.data_ptr(), out.data_ptr(), groups.shape[0], num_heads,
+        kv_layer.shape[2], head_dim, scale, num_threads())
+    if status:
+        raise MemoryError("shared decode attention: out of memory for its work items")
 
 
 def gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,

@@ -1,5 +1,7 @@
-/* Paged prefill attention for CPU float32: each sequence's new queries (a prompt chunk) attend
- * causally to its whole context, read where it lies in the paged KV cache.
+/* Paged attention over many query rows for CPU float32: prefill chunks, whose new queries
+ * attend causally to their whole context, and decode tokens of sequences that share a cached
+ * prefix, which is then read once for all of them. Keys and values are read where they lie
+ * in the paged KV cache.
  *
  * The torch route gathers a sequence's cached context (index_select), calls SDPA per sequence
  * (per shared-prefix group with the cascade), and ran at about a third of the matmul rate (13%
@@ -9,6 +11,11 @@
  * query's 16 scores are D fused multiply-adds on a 16-float vector; the softmax is online
  * (flash attention), so no score matrix is ever stored. Items are claimed from a counter by
  * the pool's threads, longest first, so a descheduled thread holds up nothing.
+ *
+ * Decode tokens sharing a prefix (one system prompt) are items of (group, KV head, up to QT
+ * sequences): their rows attend the prefix panels together, then each sequence's own tail
+ * continues its online softmax. Per sequence, a decode step reads the whole context from
+ * memory (the cache does not hold 32 x 470 tokens x 30 layers): the group reads it once.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -31,14 +38,18 @@
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 
 typedef struct {
-    int64_t seq, head, first; /* KV head `head` of sequence `seq`, queries first.. first+QT */
+    int64_t kind, of, head, first; /* PREFILL: seq `of`, queries first.. first+QT of it;
+                                      SHARED: group `of`, its members first.. first+QT */
 } item_t;
 
+enum { PREFILL, SHARED };
+
 typedef struct {
-    const float *q, *k, *v;    /* q [T, H, D]; k, v [num_slots, Hkv, D] */
-    const int64_t *slots;      /* flat slots of every listed sequence's context, concatenated */
-    const int64_t *seqs;       /* [S, 4]: first q row, q_len, context length, first slot index */
-    float *out;                /* [T, H, D] */
+    const float *q, *k, *v; /* q [T, H, D]; k, v [num_slots, Hkv, D] */
+    const int64_t *slots;   /* flat slots of every listed sequence's context, concatenated */
+    const int64_t *seqs;    /* [S, 4]: first q row, q_len, context length, first slot index */
+    const int64_t *groups;  /* SHARED: [G, 3]: first seq, member count, shared prefix length */
+    float *out;             /* [T, H, D], laid out as q */
     int64_t H, Hkv, D, window;
     float scale;
     const item_t *items;
@@ -115,77 +126,6 @@ static inline void scores(int64_t D, const float *const *q, const float *kt, vf 
         for (int c = 0; c < NV; c++) out[r][c] = a[r][c];
 }
 
-/* ATTEND(NAME, DIM): one item, `m` query vectors (QT positions x the group's heads) with their
- * running max, sum and output in mx, l, o [m][D]; kt is the [D][KB] key panel, q the rows'
- * query vectors. DIM is a compile-time head size where one is given. */
-#define ATTEND(NAME, DIM)                                                                      \
-    static void NAME(const job_t *j, const item_t *it, float *kt, float *mx, float *l,        \
-                     float *o, const float **q) {                                              \
-        const int64_t D = (DIM), H = j->H, group = H / j->Hkv, g = it->head;                   \
-        const int64_t *info = j->seqs + 4 * it->seq;                                           \
-        const int64_t row0 = info[0], q_len = info[1], len = info[2];                          \
-        const int64_t *slots = j->slots + info[3], stride = j->Hkv * D, w = j->window;         \
-        const int64_t pos0 = len - q_len, first = it->first;                                   \
-        const int64_t last = first + QT < q_len ? first + QT : q_len, m = (last - first) * group; \
-        const int64_t hi = pos0 + last; /* keys [lo, hi) are visible to some query */          \
-        const int64_t lo = w > 0 && pos0 + first - w + 1 > 0 ? pos0 + first - w + 1 : 0;       \
-        for (int64_t i = 0; i < m; i++) {                                                      \
-            q[i] = j->q + ((row0 + first + i / group) * H + g * group + i % group) * D;        \
-            mx[i] = -INFINITY, l[i] = 0.0f;                                                    \
-            for (int64_t d = 0; d < D; d++) o[i * D + d] = 0.0f;                               \
-        }                                                                                      \
-        const float *vrow[KB];                                                                 \
-        for (int64_t k0 = lo; k0 < hi; k0 += KB) {                                             \
-            const int64_t nk = hi - k0 < KB ? hi - k0 : KB;                                    \
-            for (int64_t t = 0; t < KB; t++) {                                                 \
-                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * D;              \
-                vrow[t] = j->v + at;                                                           \
-                for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];                 \
-            }                                                                                  \
-            /* A row that sees every key of the panel needs no mask. */                        \
-            const int64_t clear_from = k0 + KB - 1, clear_to = w > 0 ? k0 + w : INT64_MAX;      \
-            for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
-                vf sv[RB][NV];                                                                 \
-                const float *qs[RB];                                                           \
-                for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];          \
-                scores(D, qs, kt, sv);                                                         \
-                float p[RB][KB], alpha[RB];                                                    \
-                int live[RB];                                                                  \
-                for (int64_t r = 0; r < RB; r++) {                                             \
-                    const int64_t i = i0 + r, pos = pos0 + first + i / group;                  \
-                    live[r] = i < m && k0 <= pos; /* else every key is in its future */        \
-                    if (!live[r]) continue;                                                    \
-                    float sc[KB];                                                              \
-                    for (int c = 0; c < NV; c++) *(vf *)(sc + c * VW) = sv[r][c] * j->scale;   \
-                    if (nk < KB || pos < clear_from || pos >= clear_to)                        \
-                        for (int64_t t = 0; t < KB; t++) {                                     \
-                            const int64_t kp = k0 + t;                                         \
-                            if (t >= nk || kp > pos || (w > 0 && kp <= pos - w)) sc[t] = -INFINITY; \
-                        }                                                                      \
-                    const float top = max32(sc), now = top > mx[i] ? top : mx[i];              \
-                    alpha[r] = now == mx[i] ? 1.0f : expf(mx[i] - now);                        \
-                    exp_shifted(sc, now, p[r], KB);                                            \
-                    mx[i] = now, l[i] = l[i] * alpha[r] + sum32(p[r]);                         \
-                }                                                                              \
-                for (int64_t r = 0; r < RB; r += 2) {                                          \
-                    float *oa = o + (i0 + r) * D, *ob = oa + D;                                \
-                    if (live[r] && r + 1 < RB && live[r + 1])                                  \
-                        accumulate2(oa, ob, D, alpha[r], alpha[r + 1], p[r], p[r + 1], vrow, nk); \
-                    else {                                                                     \
-                        if (live[r]) accumulate(oa, D, alpha[r], p[r], vrow, nk);              \
-                        if (r + 1 < RB && live[r + 1])                                         \
-                            accumulate(ob, D, alpha[r + 1], p[r + 1], vrow, nk);               \
-                    }                                                                          \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (int64_t i = 0; i < m; i++) {                                                      \
-            float *dst = j->out + ((row0 + first + i / group) * H + g * group + i % group) * D; \
-            const float inv = 1.0f / l[i];                                                     \
-            for (int64_t d = 0; d < D; d++) dst[d] = o[i * D + d] * inv;                       \
-        }                                                                                      \
-    }
-
 /* o[0..D) = alpha * o + sum_t p[t] * vrow[t][0..D). */
 static inline void accumulate(float *o, int64_t D, float alpha, const float *p,
                               const float *const *vrow, int64_t nk) {
@@ -229,33 +169,162 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, f
     accumulate(ob, D, alpha_b, pb, vrow, nk);
 }
 
-ATTEND(attend_64, 64)
-ATTEND(attend_128, 128)
-ATTEND(attend_any, j->D)
+/* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
+ * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
+ * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt is the
+ * [D][KB] key panel. DIM is a compile-time head size where one is given. */
+#define ATTEND_KEYS(NAME, DIM)                                                                 \
+    static void NAME(const job_t *j, int64_t g, const int64_t *slots, int64_t k_lo,            \
+                     int64_t k_hi, int64_t m, const float *const *q, const int64_t *pos,       \
+                     float *mx, float *l, float *o, float *kt) {                               \
+        const int64_t D = (DIM), stride = j->Hkv * D, w = j->window;                           \
+        const float *vrow[KB];                                                                 \
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += KB) {                                         \
+            const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;                                \
+            for (int64_t t = 0; t < KB; t++) {                                                 \
+                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * D;              \
+                vrow[t] = j->v + at;                                                           \
+                for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];                 \
+            }                                                                                  \
+            for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
+                vf sv[RB][NV];                                                                 \
+                const float *qs[RB];                                                           \
+                for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];          \
+                scores(D, qs, kt, sv);                                                         \
+                float p[RB][KB], alpha[RB];                                                    \
+                int live[RB];                                                                  \
+                for (int64_t r = 0; r < RB; r++) {                                             \
+                    const int64_t i = i0 + r, at = i < m ? pos[i] : 0;                         \
+                    live[r] = i < m && k0 <= at && (w == 0 || k0 + nk - 1 > at - w);           \
+                    if (!live[r]) continue; /* no key of the panel is visible to it */         \
+                    float sc[KB];                                                              \
+                    for (int c = 0; c < NV; c++) *(vf *)(sc + c * VW) = sv[r][c] * j->scale;   \
+                    if (nk < KB || at < k0 + KB - 1 || (w > 0 && k0 <= at - w))                \
+                        for (int64_t t = 0; t < KB; t++) {                                     \
+                            const int64_t kp = k0 + t;                                         \
+                            if (t >= nk || kp > at || (w > 0 && kp <= at - w)) sc[t] = -INFINITY; \
+                        }                                                                      \
+                    const float top = max32(sc), now = top > mx[i] ? top : mx[i];              \
+                    alpha[r] = now == mx[i] ? 1.0f : expf(mx[i] - now);                        \
+                    exp_shifted(sc, now, p[r], KB);                                            \
+                    mx[i] = now, l[i] = l[i] * alpha[r] + sum32(p[r]);                         \
+                }                                                                              \
+                for (int64_t r = 0; r < RB; r += 2) {                                          \
+                    float *oa = o + (i0 + r) * D, *ob = oa + D;                                \
+                    if (live[r] && r + 1 < RB && live[r + 1])                                  \
+                        accumulate2(oa, ob, D, alpha[r], alpha[r + 1], p[r], p[r + 1], vrow, nk); \
+                    else {                                                                     \
+                        if (live[r]) accumulate(oa, D, alpha[r], p[r], vrow, nk);              \
+                        if (r + 1 < RB && live[r + 1])                                         \
+                            accumulate(ob, D, alpha[r + 1], p[r + 1], vrow, nk);               \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+ATTEND_KEYS(keys_64, 64)
+ATTEND_KEYS(keys_128, 128)
+ATTEND_KEYS(keys_any, j->D)
+
+typedef void (*keys_fn)(const job_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
+                        const float *const *, const int64_t *, float *, float *, float *, float *);
+
+typedef struct { /* one thread's buffers, for QT x group rows */
+    float *kt, *mx, *l, *o;
+    const float **q;
+    int64_t *pos;
+} scratch_t;
+
+/* Row r of sequence `seq`'s query `i` for query head `hh`. */
+static inline const float *query(const job_t *j, const int64_t *info, int64_t i, int64_t hh) {
+    return j->q + ((info[0] + i) * j->H + hh) * j->D;
+}
+
+static void start_rows(const job_t *j, int64_t m, scratch_t *s) {
+    for (int64_t i = 0; i < m; i++) {
+        s->mx[i] = -INFINITY, s->l[i] = 0.0f;
+        for (int64_t d = 0; d < j->D; d++) s->o[i * j->D + d] = 0.0f;
+    }
+}
+
+static void finish_rows(const job_t *j, int64_t m, const scratch_t *s) {
+    for (int64_t i = 0; i < m; i++) {
+        float *dst = j->out + (s->q[i] - j->q); /* out is laid out as q */
+        const float inv = 1.0f / s->l[i];
+        for (int64_t d = 0; d < j->D; d++) dst[d] = s->o[i * j->D + d] * inv;
+    }
+}
+
+/* A prefill tile: QT query positions x the group's heads, causal over its context. */
+static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch_t *s) {
+    const int64_t group = j->H / j->Hkv, g = it->head, w = j->window;
+    const int64_t *info = j->seqs + 4 * it->of;
+    const int64_t q_len = info[1], pos0 = info[2] - q_len, first = it->first;
+    const int64_t last = first + QT < q_len ? first + QT : q_len, m = (last - first) * group;
+    for (int64_t i = 0; i < m; i++) {
+        s->q[i] = query(j, info, first + i / group, g * group + i % group);
+        s->pos[i] = pos0 + first + i / group;
+    }
+    const int64_t lo = w > 0 && pos0 + first - w + 1 > 0 ? pos0 + first - w + 1 : 0;
+    start_rows(j, m, s);
+    keys(j, g, j->slots + info[3], lo, pos0 + last, m, s->q, s->pos, s->mx, s->l, s->o, s->kt);
+    finish_rows(j, m, s);
+}
+
+/* Up to QT decode tokens of a group: the shared prefix once for all, then each own tail. */
+static void shared_item(const job_t *j, const item_t *it, keys_fn keys, scratch_t *s) {
+    const int64_t group = j->H / j->Hkv, g = it->head;
+    const int64_t *grp = j->groups + 3 * it->of;
+    const int64_t first = grp[0] + it->first, end = grp[0] + grp[1], shared = grp[2];
+    const int64_t last = first + QT < end ? first + QT : end, m = (last - first) * group;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t *info = j->seqs + 4 * (first + i / group);
+        s->q[i] = query(j, info, 0, g * group + i % group);
+        s->pos[i] = info[2] - 1;
+    }
+    start_rows(j, m, s);
+    keys(j, g, j->slots + j->seqs[4 * first + 3], 0, shared, m, s->q, s->pos, s->mx, s->l, s->o,
+         s->kt);
+    for (int64_t r = 0; r < m; r += group) {
+        const int64_t *info = j->seqs + 4 * (first + r / group);
+        keys(j, g, j->slots + info[3], shared, info[2], group, s->q + r, s->pos + r, s->mx + r,
+             s->l + r, s->o + r * j->D, s->kt);
+    }
+    finish_rows(j, m, s);
+}
 
 static void run_part(const void *args, int64_t t, int64_t n) {
     (void)t;
     (void)n;
     job_t *j = (job_t *)args;
-    const int64_t group = j->H / j->Hkv;
-    float *kt = aligned_alloc(64, sizeof(float) * ((j->D * KB + 15) / 16 * 16));
-    float *mx = malloc(sizeof(float) * QT * group), *l = malloc(sizeof(float) * QT * group);
-    float *o = malloc(sizeof(float) * QT * group * j->D);
-    const float **q = malloc(sizeof(float *) * QT * group);
-    void (*attend)(const job_t *, const item_t *, float *, float *, float *, float *,
-                   const float **) =
-        j->D == 64 ? attend_64 : j->D == 128 ? attend_128 : attend_any;
-    if (!kt || !mx || !l || !o || !q) {
+    const int64_t rows = QT * (j->H / j->Hkv);
+    scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB), malloc(sizeof(float) * rows),
+                   malloc(sizeof(float) * rows), malloc(sizeof(float) * rows * j->D),
+                   malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows)};
+    const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
+    if (!s.kt || !s.mx || !s.l || !s.o || !s.q || !s.pos) {
         atomic_store(&j->status, 1);
     } else {
-        for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;)
-            attend(j, &j->items[i], kt, mx, l, o, q);
+        for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;) {
+            const item_t *it = &j->items[i];
+            (it->kind == PREFILL ? prefill_item : shared_item)(j, it, keys, &s);
+        }
     }
-    free(kt);
-    free(mx);
-    free(l);
-    free(o);
-    free(q);
+    free(s.kt);
+    free(s.mx);
+    free(s.l);
+    free(s.o);
+    free(s.q);
+    free(s.pos);
+}
+
+static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
+    job->items = items;
+    job->num_items = n;
+    kvcli_parallel(run_part, job, num_threads < n ? num_threads : n, 0);
+    free(items);
+    return atomic_load(&job->status);
 }
 
 /* Returns 0 on success, 1 when memory ran out. Every listed sequence's K/V, the new tokens'
@@ -273,10 +342,28 @@ int kvcli_paged_prefill_attention(const float *q, const float *k, const float *v
     int64_t n = 0;
     for (int64_t s = 0; s < num_seqs; s++)
         for (int64_t first = (seqs[4 * s + 1] - 1) / QT * QT; first >= 0; first -= QT)
-            for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){s, g, first};
-    job_t job = {q, k, v, slots, seqs, out, num_heads, num_kv_heads, head_dim, window, scale,
-                 items, n, 0, 0};
-    kvcli_parallel(run_part, &job, num_threads < n ? num_threads : n, 0);
-    free(items);
-    return atomic_load(&job.status);
+            for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){PREFILL, s, g, first};
+    job_t job = {q, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim, window,
+                 scale, NULL, 0, 0, 0};
+    return run(&job, items, n, num_threads);
+}
+
+/* Decode tokens (q_len 1) of sequences listed group by group in `seqs`; group i's members
+ * share their first groups[i][2] context slots (whole cached blocks). No sliding window. */
+int kvcli_shared_decode_attention(const float *q, const float *k, const float *v,
+                                  const int64_t *slots, const int64_t *seqs,
+                                  const int64_t *groups, float *out, int64_t num_groups,
+                                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                  float scale, int64_t num_threads) {
+    int64_t count = 0;
+    for (int64_t gi = 0; gi < num_groups; gi++) count += (groups[3 * gi + 1] + QT - 1) / QT;
+    item_t *items = malloc(sizeof(item_t) * (count ? count : 1) * num_kv_heads);
+    if (!items) return 1;
+    int64_t n = 0;
+    for (int64_t gi = 0; gi < num_groups; gi++)
+        for (int64_t first = 0; first < groups[3 * gi + 1]; first += QT)
+            for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
+    job_t job = {q, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim, 0, scale,
+                 NULL, 0, 0, 0};
+    return run(&job, items, n, num_threads);
 }

@@ -1,0 +1,118 @@
+"""The CPU float32 attention route through the native kernels, for every kind of row of a step.
+
+Decode tokens go to the paged decode kernel (native/paged_attention.c), except those of
+sequences sharing >= MIN_CASCADE_BLOCKS cached blocks (one system prompt): those go to the
+many-row kernel (native/prefill_attention.c) group by group, which reads the shared prefix
+once for all of them (a decode step at batch 32 otherwise reads every sequence's whole context
+from memory: 693 MB a step on the shared-prefix bench workload, more than the weights).
+Prefill chunks (and one-token prompts) go to the many-row kernel too. The rows are listed
+once per step for all layers; nothing is gathered and no mask is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvcli.model import native
+from kvcli.model.decode_batch import (
+    MIN_CASCADE_BLOCKS,
+    PagedDecode,
+    build_paged_decode,
+    common_prefix,
+)
+
+if TYPE_CHECKING:
+    from kvcli.model.attention import AttentionMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class PagedRows:
+    """Sequences for the many-row kernel: prefill chunks, or decode tokens by shared prefix."""
+
+    seq_ids: list[int]  # the listed sequences' indices in the step
+    slots: torch.Tensor  # int64: their context slots, concatenated
+    seqs: torch.Tensor  # [S, 4] int64: first q row, q_len, context length, first slot index
+    groups: torch.Tensor | None = None  # decode: [G, 3] first listed seq, count, shared length
+    rest: PagedDecode | None = None  # decode: the tokens of no group (the decode kernel's)
+
+
+def _listed(ids: list[int], context_slots: list[torch.Tensor], seq_lens: list[int],
+            query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, start = [], 0
+    for s in ids:
+        rows.append((query_start_loc[s], query_start_loc[s + 1] - query_start_loc[s],
+                     seq_lens[s], start))
+        start += seq_lens[s]
+    slots = torch.cat([context_slots[s] for s in ids]) if len(ids) > 1 else context_slots[ids[0]]
+    return slots.contiguous(), torch.tensor(rows, dtype=torch.int64)
+
+
+def build_paged_prefill(context_slots: list[torch.Tensor], seq_lens: list[int],
+                        query_start_loc: list[int], decode_seqs: list[int]) -> PagedRows | None:
+    """The sequences not in ``decode_seqs``, or None when every sequence decodes."""
+    skip = set(decode_seqs)
+    ids = [s for s in range(len(seq_lens)) if s not in skip]
+    if not ids:
+        return None
+    return PagedRows(ids, *_listed(ids, context_slots, seq_lens, query_start_loc))
+
+
+def build_shared_decode(decode: PagedDecode | None, block_tables: list[list[int]],
+                        context_slots: list[torch.Tensor], seq_lens: list[int],
+                        query_start_loc: list[int], block_size: int) -> PagedRows | None:
+    """The decode tokens grouped by the whole cached blocks their contexts start with (groups of
+    two or more sharing >= MIN_CASCADE_BLOCKS), or None when no such group exists."""
+    if decode is None or len(decode.seqs) < 2:
+        return None
+    by_first: dict[int, list[int]] = {}
+    for s in decode.seqs:
+        by_first.setdefault(block_tables[s][0], []).append(s)
+    ids: list[int] = []
+    groups: list[tuple[int, int, int]] = []
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        limit = min(seq_lens[s] for s in members) // block_size  # whole blocks only
+        common = common_prefix([block_tables[s] for s in members], limit)
+        if common >= MIN_CASCADE_BLOCKS:
+            groups.append((len(ids), len(members), common * block_size))
+            ids.extend(members)
+    if not groups:
+        return None
+    grouped = set(ids)
+    rest = [s for s in decode.seqs if s not in grouped]
+    return PagedRows(ids, *_listed(ids, context_slots, seq_lens, query_start_loc),
+                     groups=torch.tensor(groups, dtype=torch.int64),
+                     rest=build_paged_decode(block_tables, seq_lens, query_start_loc, block_size,
+                                             rest) if rest else None)
+
+
+def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata,
+                   window: int | None, scale: float) -> torch.Tensor:
+    """Every row's attention for a step whose new K/V are already in ``kv_layer``."""
+    lib, decode = meta.native, meta.paged_decode
+    shared = meta.shared_decode if window is None else None  # a window may hide the prefix
+    if shared is None and meta.paged_prefill is None and decode is not None:
+        return _decode(lib, q, kv_layer, decode, meta.block_size, window, scale)  # pure decode
+    q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype)
+    if shared is not None:
+        native.shared_decode_attention(lib, q, kv_layer, shared.slots, shared.seqs,
+                                       shared.groups, out, scale)
+        decode = shared.rest
+    if decode is not None:
+        out[decode.rows] = _decode(lib, q[decode.rows], kv_layer, decode, meta.block_size,
+                                   window, scale)
+    if meta.paged_prefill is not None:
+        pp = meta.paged_prefill
+        native.paged_prefill_attention(lib, q, kv_layer, pp.slots, pp.seqs, out, window, scale)
+    return out
+
+
+def _decode(lib, q: torch.Tensor, kv_layer: torch.Tensor, decode: PagedDecode, block_size: int,
+            window: int | None, scale: float) -> torch.Tensor:
+    return native.paged_decode_attention(lib, q, kv_layer, decode.block_tables, decode.seq_lens,
+                                         block_size, window, scale)
