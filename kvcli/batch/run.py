@@ -1,7 +1,7 @@
 """``kvcli generate`` end to end: check the paths, resume, load the engine, run the job, summarise.
 
-Cheap checks come before the (slow) model load: a bad path, an empty input or
-an output that would be clobbered fail in milliseconds with exit status 2.
+Cheap checks come before the (slow) model load (kvcli/batch/preflight.py): a bad path, an
+empty input or an output that would be clobbered fail in milliseconds with exit status 2.
 """
 
 from __future__ import annotations
@@ -15,65 +15,31 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import Any, BinaryIO
+from dataclasses import replace
+from typing import Any
 
 import orjson
 
+from kvcli.batch.config import GenerateConfig
 from kvcli.batch.job import EXIT_USAGE, BatchJob, JobOptions, JobOutcome
-from kvcli.batch.lock import OutputLock, OutputLocked, lock_output
+from kvcli.batch.lock import OutputLock
 from kvcli.batch.output import ResultFormatter
 from kvcli.batch.parse import ParseOptions
-from kvcli.batch.report import Reporter
-from kvcli.batch.resume import ResumeState, scan_output
-from kvcli.batch.source import (
-    DEFAULT_MAX_LINE_BYTES,
-    InputFiles,
-    RawLine,
-    count_lines,
-    iter_lines,
-    open_input,
+from kvcli.batch.preflight import (
+    BatchUsageError,
+    check_paths,
+    first_line,
+    input_files,
+    lock_output_file,
+    open_path,
+    resume_state,
 )
+from kvcli.batch.report import Reporter
+from kvcli.batch.resume import ResumeState
+from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
-from kvcli.engine.request import SamplingParams
 from kvcli.structured.tools import tool_call_format
-
-
-@dataclass(slots=True)
-class GenerateConfig:
-    input: str
-    output: str | None = None  # None / "-": stdout
-    more_inputs: tuple[str, ...] = ()  # INPUT files after the first, read as one input (InputFiles)
-    resume: bool = False
-    overwrite: bool = False
-    ordered: bool = False
-    input_order: str = "given"  # "prefix": the whole file grouped by prompt prefix (ordering.py)
-    token_ids: bool = False
-    strict: bool = False
-    fail_fast: bool = False
-    max_pending: int = 256
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-    quiet: bool = False
-    progress: bool = False
-    stats_path: str | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)  # per-line defaults
-    clamp_max_tokens: bool = False  # an explicit max_tokens past the context: cap, not error
-    seed: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
-
-    @property
-    def to_stdout(self) -> bool:
-        return self.output in (None, "-")
-
-    @property
-    def output_name(self) -> str:
-        return "stdout" if self.to_stdout else str(self.output)
-
-
-class BatchUsageError(Exception):
-    """Bad paths or input before anything ran: exit status 2."""
-
 
 EngineFactory = Callable[[GenerateConfig], Any]
 
@@ -132,121 +98,27 @@ def run_generate(cfg: GenerateConfig, engine_factory: EngineFactory | None = Non
 
 
 def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
-    _check_paths(cfg)
+    check_paths(cfg)
     with contextlib.ExitStack() as stack:
-        lock = _lock_output(cfg)  # before the resume state is read, held to the end
+        lock = lock_output_file(cfg)  # before the resume state is read, held to the end
         if lock is not None:
             stack.callback(lock.release)
-        files = _input_files(cfg)
+        files = input_files(cfg)
         if files is None:
-            stream = _open(cfg.input)
+            stream = open_path(cfg.input)
             if stream is not sys.stdin.buffer:
                 stack.callback(stream.close)
             lines = iter_lines(stream, cfg.max_line_bytes)
         else:
             lines = iter(files)
-        first = _first_line(lines, cfg.input)
-        resume = _resume(cfg)
+        first = first_line(lines, cfg.input)
+        resume = resume_state(cfg)
         try:
             engine = engine_factory(cfg)
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
                         files.where if files is not None else None)
-
-
-def _input_files(cfg: GenerateConfig) -> InputFiles | None:
-    """Several INPUTs: each checked readable now (exit 2 before the model loads)."""
-    if not cfg.more_inputs:
-        return None
-    paths = [cfg.input, *cfg.more_inputs]
-    for path in paths:
-        _open(path).close()
-    return InputFiles(paths, cfg.max_line_bytes)
-
-
-def _check_paths(cfg: GenerateConfig) -> None:
-    if cfg.more_inputs and "-" in (cfg.input, *cfg.more_inputs):
-        raise BatchUsageError("- (stdin) cannot be combined with other INPUT files")
-    if cfg.more_inputs and cfg.input_order == "prefix":
-        raise BatchUsageError("--input-order prefix takes one INPUT file")
-    if cfg.input_order == "prefix" and not _is_regular(cfg.input):
-        raise BatchUsageError("--input-order prefix reads the input twice: it needs a regular "
-                              "file, not stdin or a pipe")
-    if cfg.resume and cfg.to_stdout:
-        raise BatchUsageError("--resume needs -o FILE (it reads the results already there)")
-    if cfg.to_stdout:
-        return
-    out = str(cfg.output)
-    if os.path.isdir(out):
-        raise BatchUsageError(f"-o {out}: is a directory")
-    for path in (cfg.input, *cfg.more_inputs):
-        if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
-            raise BatchUsageError("-o names an input file; write the results elsewhere")
-
-
-def _is_regular(path: str) -> bool:
-    try:
-        return path != "-" and stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return True  # let the open report it
-
-
-def _lock_output(cfg: GenerateConfig) -> OutputLock | None:
-    """Lock ``-o FILE`` for this run (kvcli/batch/lock.py); a second writer stops here."""
-    if cfg.to_stdout:
-        return None
-    try:
-        lock = lock_output(str(cfg.output))
-    except OutputLocked as err:
-        raise BatchUsageError(str(err)) from None
-    except OSError as err:
-        raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
-    # Checked under the lock: a run that just finished may have written it.
-    if not (cfg.resume or cfg.overwrite) and os.fstat(lock.fd).st_size > 0:
-        lock.release()
-        raise BatchUsageError(f"{cfg.output} already has results; continue it with --resume, or "
-                              "replace it with --overwrite")
-    return lock
-
-
-def _open(path: str) -> BinaryIO:
-    try:
-        return open_input(path)
-    except IsADirectoryError:
-        raise BatchUsageError(f"{path}: is a directory, expected a JSONL file") from None
-    except OSError as err:
-        raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
-
-
-def _first_line(lines: Iterator[RawLine], path: str) -> RawLine:
-    try:
-        first = next(lines, None)
-    except OSError as err:
-        raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
-    if first is None:
-        raise BatchUsageError(f"{'stdin' if path == '-' else path} is empty: no requests to run")
-    return first
-
-
-def _resume(cfg: GenerateConfig) -> ResumeState:
-    if not cfg.resume:
-        return ResumeState()
-    try:
-        state = scan_output(str(cfg.output))
-    except OSError as err:
-        raise BatchUsageError(f"cannot resume {cfg.output}: {err.strerror or err}") from None
-    for line_no in state.unreadable[:5]:
-        print(f"kvcli generate: {cfg.output}:{line_no}: not a result line (kept, ignored)",
-              file=sys.stderr)
-    if state.truncated_bytes and not cfg.quiet:
-        print(f"kvcli generate: {cfg.output}: removed a partial last line "
-              f"({state.truncated_bytes} bytes) left by an interrupted run", file=sys.stderr)
-    if not cfg.quiet:
-        n = len(state.done)
-        print(f"kvcli generate: resuming: {n} request{'s' if n != 1 else ''} already in {cfg.output}",
-              file=sys.stderr)
-    return state
 
 
 def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:

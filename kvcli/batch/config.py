@@ -1,0 +1,40 @@
+"""What one ``kvcli generate`` was asked to do: its files, flags and per-line defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES
+from kvcli.engine.request import SamplingParams
+
+
+@dataclass(slots=True)
+class GenerateConfig:
+    input: str
+    output: str | None = None  # None / "-": stdout
+    more_inputs: tuple[str, ...] = ()  # INPUT files after the first, read as one input (InputFiles)
+    resume: bool = False
+    overwrite: bool = False
+    ordered: bool = False
+    input_order: str = "given"  # "prefix": the whole file grouped by prompt prefix (ordering.py)
+    token_ids: bool = False
+    strict: bool = False
+    fail_fast: bool = False
+    max_pending: int = 256
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    quiet: bool = False
+    progress: bool = False
+    stats_path: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # per-line defaults
+    clamp_max_tokens: bool = False  # an explicit max_tokens past the context: cap, not error
+    seed: int = 0
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+
+    @property
+    def to_stdout(self) -> bool:
+        return self.output in (None, "-")
+
+    @property
+    def output_name(self) -> str:
+        return "stdout" if self.to_stdout else str(self.output)
