@@ -31,6 +31,7 @@ class _Sequence:
     block_size: int
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    reads_prefix_cache: bool = True  # the audit replays plain prompts
 
 
 @dataclass(slots=True)

@@ -87,8 +87,8 @@ class KVCacheManager:
         makes a pure probe (e.g. for cache-aware ordering of the waiting queue) that never
         reads the disk tier; otherwise disk hits are loaded into the pool first.
         """
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            return [], 0  # prompt logprobs need the logits of every prompt position
+        if not self.enable_caching or not request.reads_prefix_cache:
+            return [], 0  # e.g. prompt logprobs need the logits of every prompt position
         self._check_block_size(request)
         max_hit_blocks = max(0, request.num_tokens - 1) // self.block_size
         hashes = request.block_hashes[:max_hit_blocks]

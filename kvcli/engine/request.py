@@ -190,6 +190,11 @@ class Request:
         return len(self.prompt_token_ids)
 
     @property
+    def reads_prefix_cache(self) -> bool:
+        """False with prompt logprobs: every prompt position's logits are computed."""
+        return self.sampling_params.prompt_logprobs is None
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
