@@ -80,6 +80,25 @@ def common_prefix(tables: list[list[int]], limit: int) -> int:
     return n
 
 
+def shared_block_groups(seqs: list[int], block_tables: list[list[int]],
+                  limits: list[int]) -> list[tuple[list[int], int]]:
+    """The one rule for sharing a cached prefix: the sequences whose tables start with the same
+    >= MIN_CASCADE_BLOCKS blocks, as (members, common blocks), groups of two or more only.
+    ``limits[i]`` caps sequence ``seqs[i]``'s blocks that may count (whole, visible blocks)."""
+    by_first: dict[int, list[tuple[int, int]]] = {}
+    for s, limit in zip(seqs, limits, strict=True):
+        by_first.setdefault(block_tables[s][0], []).append((s, limit))
+    groups = []
+    for entries in by_first.values():
+        if len(entries) < 2:
+            continue
+        members = [s for s, _ in entries]
+        common = common_prefix([block_tables[s] for s in members], min(lim for _, lim in entries))
+        if common >= MIN_CASCADE_BLOCKS:
+            groups.append((members, common))
+    return groups
+
+
 def build_decode_batches(
     block_tables: list[list[int]],
     seq_lens: list[int],
@@ -93,23 +112,15 @@ def build_decode_batches(
     seqs = _decode_seqs(seq_lens, query_start_loc)
     if len(seqs) < 2:
         return []
-    groups: dict[int, list[int]] = {}
-    for s in seqs:
-        groups.setdefault(block_tables[s][0], []).append(s)
-    batches, rest = [], []
-    for members in groups.values():
-        batch = None
-        if len(members) >= 2:
-            batch = _make_batch(members, block_tables, seq_lens, query_start_loc, block_size,
-                                device, cascade=True)
-        if batch is not None and batch.prefix_ids is not None:
-            batches.append(batch)
-        else:
-            rest.extend(members)
+    # Only full blocks can be common: cap at each context's full blocks.
+    groups = shared_block_groups(seqs, block_tables, [seq_lens[s] // block_size for s in seqs])
+    batches = [_make_batch(members, block_tables, seq_lens, query_start_loc, block_size, device,
+                           common) for members, common in groups]
+    grouped = {s for members, _ in groups for s in members}
+    rest = [s for s in seqs if s not in grouped]
     if rest:
-        rest.sort()
         batches.append(_make_batch(rest, block_tables, seq_lens, query_start_loc, block_size,
-                                   device, cascade=False))
+                                   device, 0))
     return batches
 
 
@@ -120,15 +131,9 @@ def _make_batch(
     query_start_loc: list[int],
     block_size: int,
     device: torch.device | str,
-    cascade: bool,
+    common: int,  # leading blocks every sequence shares (0: no cascade)
 ) -> DecodeBatch:
     tables = [block_tables[s] for s in seqs]
-    common = 0
-    if cascade:
-        # Only full blocks can be common: cap at the shortest context's full blocks.
-        common = common_prefix(tables, min(seq_lens[s] for s in seqs) // block_size)
-        if common < MIN_CASCADE_BLOCKS:
-            common = 0
     nblocks = [-(-seq_lens[s] // block_size) - common for s in seqs]
     max_blocks = max(nblocks)
     padded = [t[common:common + n] + [0] * (max_blocks - n)

@@ -17,12 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvcli.model import native
-from kvcli.model.decode_batch import (
-    MIN_CASCADE_BLOCKS,
-    PagedDecode,
-    build_paged_decode,
-    common_prefix,
-)
+from kvcli.model.decode_batch import PagedDecode, build_paged_decode, shared_block_groups
 
 if TYPE_CHECKING:
     from kvcli.model.attention import AttentionMetadata
@@ -67,19 +62,12 @@ def build_shared_decode(decode: PagedDecode | None, block_tables: list[list[int]
     two or more sharing >= MIN_CASCADE_BLOCKS), or None when no such group exists."""
     if decode is None or len(decode.seqs) < 2:
         return None
-    by_first: dict[int, list[int]] = {}
-    for s in decode.seqs:
-        by_first.setdefault(block_tables[s][0], []).append(s)
     ids: list[int] = []
     groups: list[tuple[int, int, int]] = []
-    for members in by_first.values():
-        if len(members) < 2:
-            continue
-        limit = min(seq_lens[s] for s in members) // block_size  # whole blocks only
-        common = common_prefix([block_tables[s] for s in members], limit)
-        if common >= MIN_CASCADE_BLOCKS:
-            groups.append((len(ids), len(members), common * block_size))
-            ids.extend(members)
+    limits = [seq_lens[s] // block_size for s in decode.seqs]  # whole blocks only
+    for members, common in shared_block_groups(decode.seqs, block_tables, limits):
+        groups.append((len(ids), len(members), common * block_size))
+        ids.extend(members)
     if not groups:
         return None
     grouped = set(ids)

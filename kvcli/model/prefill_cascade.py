@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, common_prefix
+from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, shared_block_groups
 
 # torch's fused CPU attention, which also returns each row's log-sum-exp (F.scaled_dot_product_
 # attention does not); None in builds without it, where the per-sequence path runs instead.
@@ -41,20 +41,14 @@ def build_prefill_groups(
     >= MIN_CASCADE_BLOCKS blocks, grouped by that prefix (only groups of two or more)."""
     if _FLASH_LSE is None:
         return []
-    by_first: dict[int, list[int]] = {}
-    for s, computed in enumerate(num_computed):
-        if query_start_loc[s + 1] - query_start_loc[s] > 1 and computed >= MIN_CASCADE_BLOCKS * block_size:
-            by_first.setdefault(block_tables[s][0], []).append(s)
+    # Chunks of more than one token; only blocks computed before this step count: every query
+    # of every chunk sees all of them.
+    chunks = [s for s in range(len(num_computed)) if query_start_loc[s + 1] - query_start_loc[s] > 1
+              and num_computed[s] >= MIN_CASCADE_BLOCKS * block_size]
     groups = []
     offsets = torch.arange(block_size, dtype=torch.int64)
-    for members in by_first.values():
-        if len(members) < 2:
-            continue
-        # Only blocks computed before this step: every query of every chunk sees all of them.
-        limit = min(num_computed[s] for s in members) // block_size
-        common = common_prefix([block_tables[s] for s in members], limit)
-        if common < MIN_CASCADE_BLOCKS:
-            continue
+    limits = [num_computed[s] // block_size for s in chunks]
+    for members, common in shared_block_groups(chunks, block_tables, limits):
         blocks = torch.tensor(block_tables[members[0]][:common], dtype=torch.int64)
         rows = torch.cat([torch.arange(query_start_loc[s], query_start_loc[s + 1]) for s in members])
         groups.append(PrefillGroup(members, rows, (blocks[:, None] * block_size + offsets).reshape(-1)))
