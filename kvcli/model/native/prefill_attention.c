@@ -69,22 +69,25 @@ static inline float sum32(const float *x) {
 }
 #elif defined(__AVX2__)
 #include <immintrin.h>
-static inline float hfold(__m256 v, int is_max) {
+static inline float hmax8(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+static inline float hsum8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    if (is_max) h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = is_max ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = is_max ? _mm_max_ss(h, _mm_movehdup_ps(h)) : _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 static inline float max32(const float *x) {
     const __m256 a = _mm256_max_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
     const __m256 b = _mm256_max_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-    return hfold(_mm256_max_ps(a, b), 1);
+    return hmax8(_mm256_max_ps(a, b));
 }
 static inline float sum32(const float *x) {
     const __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
     const __m256 b = _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-    return hfold(_mm256_add_ps(a, b), 0);
+    return hsum8(_mm256_add_ps(a, b));
 }
 #else
 static inline float max32(const float *x) {
