@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -170,7 +171,7 @@ def test_a_write_error_stops_writing_with_one_warning(tmp_path, caplog, monkeypa
     assert not writer.offer(*block(200))
 
 
-def test_weights_digest_covers_config_and_weights_and_is_remembered(tmp_path):
+def test_weights_digest_covers_config_and_weights_and_is_remembered(tmp_path, monkeypatch):
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text('{"a": 1}')
@@ -182,14 +183,17 @@ def test_weights_digest_covers_config_and_weights_and_is_remembered(tmp_path):
     assert weights_digest(model, memo) == first  # the tokenizer does not change K/V
     (model / "config.json").write_text('{"a": 2}')
     assert weights_digest(model, memo) != first
-    # Remembered by (path, size, mtime): same-size rewrite with the old mtime is not re-read.
+    # Remembered: the unchanged file is not read whole again.
     weights = model / "model.safetensors"
-    old = weights.stat().st_mtime_ns
     digest = file_digest(weights, memo)
+    with monkeypatch.context() as m:
+        m.setattr(hashlib, "file_digest", lambda *a: pytest.fail("hashed again"))
+        assert file_digest(weights, memo) == digest
+    # A same-size rewrite that puts the old mtime back is hashed again (issue 28, item 4).
+    old = weights.stat().st_mtime_ns
     weights.write_bytes(b"v" * 100)
     os.utime(weights, ns=(old, old))
-    assert file_digest(weights, memo) == digest
-    assert file_digest(weights, None) != digest
+    assert file_digest(weights, memo) == file_digest(weights, None) != digest
     with pytest.raises(ValueError, match="no weight files"):
         weights_digest(tmp_path / "memo", None)
 

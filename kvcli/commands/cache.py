@@ -22,6 +22,11 @@ def _open(path: str) -> Path:
         raise click.ClickException(str(err)) from None
 
 
+def _warn(message: str) -> None:
+    """A record summarize skipped: said on stderr, the listing goes on."""
+    click.echo(f"kvcli cache: warning: {message}", err=True)
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -53,7 +58,7 @@ def stats(directory: str, as_json: bool) -> None:
     from kvcli.kvstore.inventory import summarize
 
     root = _open(directory)
-    models = summarize(root)
+    models = summarize(root, _warn)
     totals = {k: sum(getattr(m, k) for m in models)
               for k in ("blocks", "bytes", "runs", "hit_blocks", "written_blocks")}
     if as_json:
@@ -72,7 +77,7 @@ def list_models(directory: str, as_json: bool) -> None:
     """One line per model fingerprint: what it is, how big, last use, hits."""
     from kvcli.kvstore.inventory import summarize
 
-    models = summarize(_open(directory))
+    models = summarize(_open(directory), _warn)
     if as_json:
         for m in models:
             click.echo(json.dumps(asdict(m)))

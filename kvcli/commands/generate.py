@@ -25,15 +25,19 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 
 
 def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse a directory that is not a kvcli KV cache before the (slow) model load."""
+    """Refuse a directory that is not a kvcli KV cache, or not one only this user can write,
+    before the (slow) model load (``--kv-cache-dir-insecure`` is eager: already parsed)."""
     if not value:
         return None
     from kvcli.kvstore.directory import NotAKVCacheError, open_cache_dir
+    from kvcli.kvstore.safety import check_trusted
 
     try:
-        return str(open_cache_dir(value))
+        root = open_cache_dir(value)
+        check_trusted(root, bool(ctx.params.get("kv_cache_dir_insecure")))
     except (NotAKVCacheError, OSError) as err:
         raise click.BadParameter(str(err)) from None
+    return str(root)
 
 
 _JOB_OPTIONS = [
@@ -118,6 +122,10 @@ _ENGINE_OPTIONS = [
     click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
                  help="Bound of --kv-cache-dir, least recently used blocks deleted first "
                       "(default 8GiB)."),
+    click.option("--kv-cache-dir-insecure", is_flag=True, is_eager=True,
+                 help="Use a --kv-cache-dir that every user may write, or that another user "
+                      "owns (refused by default: whoever writes it can plant K/V this run "
+                      "would serve)."),
 ]
 
 _RAY_OPTIONS = [
@@ -246,5 +254,6 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "allow_pickle": opts["allow_pickle"], "seed": opts["seed"], "quiet": opts["quiet"],
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
+        "kv_cache_dir_insecure": opts["kv_cache_dir_insecure"],
         "quantization": opts["quantization"],
     }

@@ -25,6 +25,7 @@ class EngineConfig:
     quiet: bool = False  # no model conversion or download progress on stderr
     kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
     kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
+    kv_cache_dir_insecure: bool = False  # use it even if other users may write it (kvstore.safety)
     quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
 
 

@@ -58,8 +58,8 @@ class DiskKVTier:
 
     def load(self, block_hash: BlockHash, block_id: int) -> bool:
         t0 = time.perf_counter()
-        payload = self.store.read(block_hash)
-        if payload is None or len(payload) != self.block_bytes:
+        payload = self.store.read(block_hash, self.block_bytes)  # another size: never read
+        if payload is None:
             return False
         if self._host is not None:
             np.copyto(self._host[block_id],
@@ -126,14 +126,14 @@ class DiskKVTier:
 
 def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir: Path,
                    kv: torch.Tensor, block_size: int, label: str,
-                   quantization: str | None = None) -> DiskKVTier:
+                   quantization: str | None = None, insecure: bool = False) -> DiskKVTier:
     """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
     from kvcli.model.resolve import kvcli_home
 
     fingerprint = model_fingerprint(model.config, model_dir, str(kv.dtype).removeprefix("torch."),
                                     kv.device.type, block_size, label,
                                     kvcli_home() / "file-digests", quantization)
-    store = open_model_store(cache_dir, fingerprint)
+    store = open_model_store(cache_dir, fingerprint, insecure)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)
 
 
@@ -145,4 +145,5 @@ def disk_tier_for(config: Any, model: Any, model_dir: Path | None, kv: torch.Ten
         raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
     return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, model,
                           Path(model_dir), kv, config.block_size,
-                          config.model or str(model_dir), config.quantization)
+                          config.model or str(model_dir), config.quantization,
+                          config.kv_cache_dir_insecure)

@@ -10,9 +10,15 @@ model or setting is never found. Kernel routes (native or torch matmuls, chunk s
 not keyed: they differ in the last bits exactly as the in-memory cache already mixes K/V
 computed in chunks of different sizes.
 
-Hashing the weights (0.5 GB for SmolLM2-135M, ~0.3 s) is done once per file: the
-digest is remembered in ``$KVCLI_HOME/file-digests`` under the file's resolved path,
-size and mtime, the same key the GGUF conversion cache uses.
+Hashing the weights (0.5 GB for SmolLM2-135M, ~0.3 s) is done once per file version: the
+digest is remembered in ``$KVCLI_HOME/file-digests`` under a key that no rewrite keeps.
+Size and mtime alone are not that key: a build that normalises timestamps (Nix, reproducible
+builds, ``touch -r``, ``os.utime``) rewrites weights in place with both unchanged, and the old
+digest would serve the old model's K/V. The key is the resolved path, device, inode, size,
+mtime and ctime (which no user can set back: any write or ``utime`` moves it) plus a SHA-256
+of sampled pages (head, tail and eight 64 KiB pages at fixed offsets, under 1 MB read), so a
+file system with a coarse or unreliable ctime still sees a change in most rewrites. Anything
+that differs means hashing the whole file again.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 #: Bumped whenever the bytes kvcli stores for a block change meaning (layout, RoPE placement).
 KV_FORMAT_VERSION = 1
@@ -79,23 +85,41 @@ def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:
 
 
 def file_digest(path: Path, digest_cache: Path | None) -> str:
-    """sha256 of one file's bytes, remembered by (resolved path, size, mtime)."""
+    """sha256 of one file's bytes, remembered under :func:`version_key` (module docstring)."""
     resolved = path.resolve()
-    st = resolved.stat()
-    key = hashlib.sha256(f"{resolved}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
-    memo = digest_cache / key if digest_cache is not None else None
-    if memo is not None:
-        try:
-            text = memo.read_text().strip()
-            if len(text) == 64:
-                return text
-        except OSError:
-            pass
     with open(resolved, "rb") as f:
+        key = version_key(resolved, os.fstat(f.fileno()), f)
+        memo = digest_cache / key if digest_cache is not None else None
+        if memo is not None:
+            try:
+                text = memo.read_text().strip()
+                if len(text) == 64:
+                    return text
+            except OSError:
+                pass
+        f.seek(0)
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     if memo is not None:
         _remember(memo, digest)
     return digest
+
+
+SAMPLE_PAGE = 64 << 10
+SAMPLE_PAGES = 8  # besides the head and the tail
+
+
+def version_key(resolved: Path, st: os.stat_result, f: BinaryIO) -> str:
+    """A key that changes whenever the file's bytes do: identity and times from ``st``, and a
+    hash of sampled pages of the open file ``f`` (st's own size fixes their offsets)."""
+    size = st.st_size
+    key = hashlib.sha256(f"{resolved}\0{st.st_dev}\0{st.st_ino}\0{size}\0{st.st_mtime_ns}\0"
+                         f"{st.st_ctime_ns}\0".encode())
+    offsets = {0, max(0, size - SAMPLE_PAGE)}
+    offsets.update(size * i // (SAMPLE_PAGES + 1) for i in range(1, SAMPLE_PAGES + 1))
+    for offset in sorted(offsets):
+        f.seek(offset)
+        key.update(f.read(SAMPLE_PAGE))
+    return key.hexdigest()
 
 
 def _remember(memo: Path, digest: str) -> None:

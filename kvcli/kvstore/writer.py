@@ -17,7 +17,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from kvcli.kvstore.directory import prune, total_bytes
+from kvcli.kvstore.directory import prune, remove_stale_tmp, total_bytes
+from kvcli.kvstore.safety import NotAKVCacheError
 from kvcli.kvstore.store import ModelStore
 
 log = logging.getLogger("kvcli.kvstore")
@@ -85,6 +86,10 @@ class WriteBehind:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
+        try:
+            remove_stale_tmp(self.store.root)  # what writers killed mid-write left behind
+        except OSError:  # an unreadable tmp/: the first write says so
+            pass
         while True:
             item = self._queue.get()
             try:
@@ -111,10 +116,10 @@ class WriteBehind:
                 result = prune(self.store.root, self.max_bytes)
                 self.store.stats.evicted_blocks += result.removed_files
                 self._total = result.kept_bytes
-        except OSError as err:
+        except (OSError, NotAKVCacheError) as err:  # full, read-only, or a link appeared
+            why = (err.strerror if isinstance(err, OSError) else None) or str(err)
             self.stopped = True
             self.count_dropped(1)
-            self.store.stats.write_error = f"{err.strerror or err}"
+            self.store.stats.write_error = why
             log.warning("kvcli: cannot write the KV cache in %s (%s); caching to disk stops for "
-                        "this run, results are not affected", self.store.root,
-                        err.strerror or err)
+                        "this run, results are not affected", self.store.root, why)
