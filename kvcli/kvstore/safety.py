@@ -32,7 +32,8 @@ class NotARegularFileError(OSError):
     """A path in the cache that is a link, FIFO, device or directory where a file belongs."""
 
 
-def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> tuple[int, os.stat_result]:
+def open_regular(path: Path, flags: int = os.O_RDONLY,
+                 mode: int = 0o600) -> tuple[int, os.stat_result]:
     """An fd of ``path`` and its fstat, refusing anything but a regular file (never blocks,
     never follows a link). FileNotFoundError passes through; the caller closes the fd."""
     try:
