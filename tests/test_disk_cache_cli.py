@@ -143,7 +143,8 @@ def test_a_full_disk_stops_writing_and_the_run_completes(batch, tiny_models, kvc
                                                          base, caplog):
     kv = tmp_path / "kv"
     kv.mkdir()
-    if not _mount(["-t", "tmpfs", "-o", "size=64k", "tmpfs", str(kv)]):
+    # mode=0700: a tmpfs is 1777 by default, a DIR every user may write (refused).
+    if not _mount(["-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(kv)]):
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         with caplog.at_level(logging.WARNING, logger="kvcli.kvstore"):
