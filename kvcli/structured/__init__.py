@@ -5,10 +5,7 @@ so the batch parser and ``kvcli audit`` can use it without loading torch or
 xgrammar; the engine side (``kvcli.structured.decoding``) imports xgrammar lazily.
 """
 
-from kvcli.structured.params import (
-    StructuredOutputsParams,
-    line_constraint,
-    response_format_to_params,
-)
+from kvcli.structured.guided import line_constraint
+from kvcli.structured.params import StructuredOutputsParams, response_format_to_params
 
 __all__ = ["StructuredOutputsParams", "line_constraint", "response_format_to_params"]

@@ -116,21 +116,6 @@ class StructuredOutputsParams:
         return params
 
 
-def line_constraint(structured: Any, response_format: Any, prefix: str,
-                    format_field: str = "response_format") -> StructuredOutputsParams | None:
-    """A line's constraint: vLLM's ``structured_outputs`` object or OpenAI's ``response_format``
-    (``text.format`` in a Responses body, whose json_schema fields are not nested); both is an
-    error, since which one wins would be a guess."""
-    so = None if structured is None else StructuredOutputsParams.from_json(
-        structured, f"{prefix}structured_outputs")
-    rf = None if response_format is None else response_format_to_params(
-        response_format, prefix + format_field, flat=format_field == "text.format")
-    if so is not None and rf is not None:
-        raise ValueError(f"{prefix}{format_field}: conflicts with structured_outputs on the same "
-                         "line; give one of them")
-    return so or rf
-
-
 def response_format_to_params(value: Any, prefix: str,
                               flat: bool = False) -> StructuredOutputsParams | None:
     """OpenAI's ``response_format`` -> the constraint it asks for (None for ``{"type": "text"}``).
