@@ -118,6 +118,10 @@ _ENGINE_OPTIONS = [
     click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
                  help="Bound of --kv-cache-dir, least recently used blocks deleted first "
                       "(default 8GiB)."),
+    click.option("--structured-compile-timeout", type=click.FloatRange(min=0), default=30.0,
+                 show_default=True, metavar="SECONDS",
+                 help="Time one output constraint's grammar may take to compile; the lines "
+                      "using it fail past it, the others run meanwhile (0 = no limit)."),
 ]
 
 _RAY_OPTIONS = [
@@ -247,4 +251,5 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
         "quantization": opts["quantization"],
+        "structured_compile_timeout": opts["structured_compile_timeout"] or None,
     }

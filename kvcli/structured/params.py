@@ -22,6 +22,10 @@ from typing import Any
 from kvcli.structured.schema_check import check_json_schema
 
 LINE_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # what a line may set
+# Bytes of one constraint's canonical JSON. Compile time grows much faster than the size (an
+# enum of 20,000 short strings, 270 KB, takes 40 s), so past this no compile could finish in
+# time: refused before any work (--structured-compile-timeout bounds the rest).
+MAX_CONSTRAINT_BYTES = 1 << 20
 # + xgrammar's structural tag (vLLM's name too): how tool_choice constrains to calls
 KINDS = (*LINE_KINDS, "structural_tag")
 
@@ -76,9 +80,10 @@ class StructuredOutputsParams:
             raise ValueError(f"{self.path.rpartition('.')[0] or 'structured_outputs'}"
                              ".disable_any_whitespace: expected true or false, got "
                              f"{_show(self.disable_any_whitespace)}")
+        if kind in ("json", "structural_tag") and isinstance(value, str):
+            setattr(self, kind, _parse_json_text(value, self.path))
+        _check_size(self.key, self.path)  # before any work on it
         if kind == "json":
-            if isinstance(value, str):
-                self.json = _parse_json_text(value, self.path)
             _check_schema_once(self.key, self.path)
         elif kind == "json_object":
             if value is not True:
@@ -86,8 +91,6 @@ class StructuredOutputsParams:
         elif kind == "choice":
             _check_choice(value, self.path)
         elif kind == "structural_tag":
-            if isinstance(value, str):
-                self.structural_tag = _parse_json_text(value, self.path)
             _check_structural_tag(self.structural_tag, self.path)
         elif not isinstance(value, str) or not value:
             raise ValueError(f"{self.path}: expected a non-empty string, got {_show(value)}")
@@ -152,6 +155,14 @@ def _json_schema_params(spec: Any, path: str) -> StructuredOutputsParams:
     if schema is None:  # OpenAI makes the schema optional: then any JSON object
         return StructuredOutputsParams(json_object=True, source=path)
     return StructuredOutputsParams(json=schema, source=f"{path}.schema")
+
+
+def _check_size(key: str, path: str) -> None:
+    size = len(key.encode())
+    if size > MAX_CONSTRAINT_BYTES:
+        raise ValueError(f"{path}: {size:,} bytes as JSON, over kvcli's limit of "
+                         f"{MAX_CONSTRAINT_BYTES:,} for one constraint (its grammar could "
+                         "not compile in reasonable time)")
 
 
 @lru_cache(maxsize=256)
