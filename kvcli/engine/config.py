@@ -30,6 +30,7 @@ class EngineConfig:
     quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
     # Seconds one constraint's grammar may take to compile (its lines fail past it); None: no limit
     structured_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT
+    chat_template: str | None = None  # a Jinja template replacing the model's (--chat-template)
 
 
 def budget_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:

@@ -95,6 +95,8 @@ class LLMEngine:
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
+        if config.chat_template is not None:
+            tokenizer.set_chat_template(config.chat_template)
         if config.quantization:
             from kvcli.model.quant import load_quantized
 
