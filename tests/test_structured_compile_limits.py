@@ -21,6 +21,7 @@ from kvcli.structured.params import MAX_CONSTRAINT_BYTES
 # 20,000 strings: ~270 KB of schema, which took 5 s + 39 s to check and compile on the tiny
 # models' 448-token vocabulary (an enum of 5,000 takes 0.5 s: the time grows steeply).
 HUGE = {"enum": [f"value-{i}" for i in range(20000)]}
+BIGGER = {"enum": [f"value-{i}" for i in range(60000)]}  # 830 KB: minutes to compile
 
 
 def _run(args: list[str], lines: list[dict], tmp_path: Path, **kw) -> subprocess.Popen:
@@ -82,20 +83,24 @@ def test_huge_enum_fails_its_lines_while_the_others_complete(tiny_models, tmp_pa
 
 
 def test_sigterm_during_a_compile_exits_143_promptly(tiny_models, tmp_path):
-    """With no time limit the huge compile would run ~40 s; SIGTERM ends the run at once."""
-    lines = [{"id": "free", "prompt": "Once upon a time", "max_tokens": 4},
-             {"id": "huge", "prompt": "Pick:", "structured_outputs": {"json": HUGE}}]
-    proc = _run(["--model", str(tiny_models["qwen2"]), "--structured-compile-timeout", "0"],
-                lines, tmp_path)
+    """SIGTERM while a 60,000-value enum is being checked and compiled ends the run at once.
+    Before, that check ran on the main loop (75 s for 40,000 values on a busy machine) and
+    held the signal."""
+    lines = [{"id": "small", "prompt": "x", "structured_outputs": {"choice": ["a", "b"]}},
+             # no prompt: its error is written at once, once the first line has loaded xgrammar
+             {"id": "bad"},
+             {"id": "huge", "prompt": "Pick:", "structured_outputs": {"json": BIGGER}},
+             {"id": "free", "prompt": "Once upon a time", "max_tokens": 4}]
+    proc = _run(["--model", str(tiny_models["qwen2"])], lines, tmp_path)
     deadline = time.monotonic() + 120
     while not _results(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the free line is written once the engine runs: the compile is queued
+        time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
-    time.sleep(0.5)
+    time.sleep(1.5)  # the enum's line is being admitted and compiled
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 143, err
-    assert elapsed < 10, f"{elapsed:.1f} s to stop (expected well under 1 s)"
-    assert [r["id"] for r in _results(tmp_path)] == ["free"] and "Traceback" not in err
+    assert elapsed < 20, f"{elapsed:.1f} s to stop (expected 0.5-2 s, mostly interpreter exit)"
+    assert "huge" not in {r["id"] for r in _results(tmp_path)} and "Traceback" not in err
