@@ -15,7 +15,6 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-
 #: Levels of JSON objects and arrays a schema may nest (about half as many schema levels).
 #: The meta-schema check recurses ~10 Python frames per level and exhausts the interpreter's
 #: stack near 200; real schemas stay far below (OpenAI allows 10 levels of nesting).
