@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_structured_tools import hermes_model  # noqa: F401 - a fixture
 
@@ -135,6 +135,15 @@ def mutants(draw: Any) -> Any:
 
 lines = st.one_of(valid_lines, mutants(), mutants(), hostile)
 GOOD = {"id": "fuzz-good", "prompt": "Once upon a time", "max_tokens": 2}
+# Hypothesis raises the recursion limit while a test runs: as deep as orjson reads (1,024).
+_DEEP = _nested_schema(500)
+KNOWN = [
+    {"id": "deep", "prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": _DEEP}}},
+    {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": _DEEP}}]},
+    {"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"model": "m"}},
+]
 
 
 def _line(value: Any) -> bytes:
@@ -164,6 +173,7 @@ def _run(engine: Any, inp: Path, out: Path, resume: bool = False) -> tuple[int, 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.data_too_large])
 @given(batch=st.lists(lines, min_size=1, max_size=4), good_at=st.integers(0, 4))
+@example(batch=KNOWN, good_at=1)  # what took whole batches down before (issue 28)
 def test_fuzz_no_line_ends_the_batch(engine, batch, good_at):
     data = [_line(v) for v in batch]
     data.insert(min(good_at, len(data)), json.dumps(GOOD).encode())
