@@ -181,7 +181,7 @@ class BatchJob:
         self._pending.pop(engine_id, None)
         try:
             self.engine.abort(engine_id)
-        except Exception:  # noqa: BLE001, S110 - it was never added: nothing to abort
+        except Exception:  # noqa: BLE001 - it was never added: nothing to abort
             pass
 
     def _fit_max_tokens(self, params: SamplingParams, prompt_len: int) -> None:
