@@ -136,8 +136,8 @@ def _patch_reply(mp: pytest.MonkeyPatch) -> None:
                                        real(self, req, out))[1])
 
 
-STAGES = {"reading the line": _patch_parse, "admitting it": _patch_encode,
-          "writing its result": _patch_reply}
+STAGES = {"reading the line": _patch_parse, "preparing the request": _patch_encode,
+          "writing the result": _patch_reply}
 
 
 @pytest.mark.parametrize("stage", [*STAGES, "add_request"])
@@ -162,7 +162,7 @@ def test_an_unexpected_exception_in_any_stage_is_that_lines_engine_error(
     got = rows(out)
     assert sorted(got) == ["a", "b", "c", "d"]
     assert got["a"]["text"] == "cba" and got["d"]["text"] == "fed"
-    where = "admitting it" if stage == "add_request" else stage
+    where = "preparing the request" if stage == "add_request" else stage
     for key in "bc":
         error = got[key]["error"]
         assert error["code"] == "engine_error", error

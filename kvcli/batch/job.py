@@ -139,7 +139,8 @@ class BatchJob:
 
     # -------------------------------------------------------------- per line
     # Every stage of one line runs under the guard (kvcli/batch/guard.py): parse_line returns
-    # its own unexpected exceptions as a FailedLine, _admit_line and _format are wrapped here.
+    # its own unexpected exceptions as a FailedLine, _admit_line and the formatting in _finish
+    # are wrapped here.
     def _take(self, raw: RawLine) -> None:
         parsed = parse_line(raw, self.opts.parse)
         key = parsed.ident.key
@@ -163,7 +164,8 @@ class BatchJob:
             self._reject(seq, parsed, err)
         except Exception as err:  # the guard: whatever else one line raises stays its own
             self._forget(str(seq))
-            self._fail(seq, internal_failure(parsed.ident, parsed.style, "admitting it", err))
+            self._fail(seq, internal_failure(parsed.ident, parsed.style, "preparing the request",
+                                             err))
 
     def _admit_line(self, seq: int, parsed: LineRequest, line_no: int) -> None:
         self._warn_ignored(parsed, line_no)
@@ -205,7 +207,7 @@ class BatchJob:
             if failed is None:
                 line, tally = self.formatter.success(req, out), Tally.of(out)
         except Exception as err:  # the guard: parsing the reply or serialising the result
-            failed = internal_failure(req.ident, req.style, "writing its result", err)
+            failed = internal_failure(req.ident, req.style, "writing the result", err)
         if failed is not None:
             self._fail(seq, failed)
             return

@@ -2,7 +2,7 @@
 
 Cheap checks come before the (slow) model load (kvcli/batch/preflight.py): a bad path or an
 output that would be clobbered fail in milliseconds with exit status 2. An empty input (a filter
-that selected nothing) loads nothing, writes nothing and exits 0, as vLLM's run-batch does.
+that selected nothing) loads no model, leaves -o FILE empty and exits 0, as vLLM's run-batch does.
 """
 
 from __future__ import annotations
