@@ -142,7 +142,7 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         if self.structured is None:
-            from kvcli.structured.decoding import StructuredDecoding
+            from kvcli.engine.structured_decoding import StructuredDecoding
 
             self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
                                                  self.eos_token_ids)
