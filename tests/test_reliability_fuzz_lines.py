@@ -29,7 +29,7 @@ from test_structured_tools import hermes_model  # noqa: F401 - a fixture
 
 from kvcli.batch.config import GenerateConfig
 from kvcli.batch.run import load_engine, run_generate
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 # Placeholders a line holds as strings, replaced in its JSON text by what json.dumps cannot
 # write (or would write differently).
