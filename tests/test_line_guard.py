@@ -23,15 +23,22 @@ from click.testing import CliRunner
 from kvcli.cli import main
 
 TESTS_DIR = Path(__file__).resolve().parent
-# A fake engine whose "chat template" teaches Hermes tool calls, with room for long prompts.
+# A fake engine whose "chat template" teaches Hermes tool calls, with room for long prompts,
+# and whose add_request raises on a prompt holding BOOM.
 LAUNCHER = """\
 import sys
 sys.path.insert(0, {tests!r})
 from batch_fakes import FakeEngine
 import kvcli.batch.run
 
+class Engine(FakeEngine):  # a bug in the engine, for one line
+    def add_request(self, request_id, ids, *args):
+        super().add_request(request_id, ids, *args)
+        if "BOOM" in self.tokenizer.decode(ids):
+            raise RuntimeError("injected fault")
+
 def load(cfg):
-    engine = FakeEngine(max_model_len=20_000)
+    engine = Engine(max_model_len=20_000)
     engine.tokenizer.chat_template = "<tool_call>"
     return engine
 
@@ -95,6 +102,26 @@ def test_deep_schemas_and_huge_integers_fail_only_their_line_then_resume_finishe
 
 
 # --------------------------------------------------------------- the guard
+def test_a_failing_line_in_a_real_process_exits_1_without_a_traceback_and_resumes(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "prompt": "abc"}\n{"id": "b", "prompt": "BOOM"}\n'
+                   '{"id": "c", "prompt": "def"}\n')
+    res = kvcli("generate", "in.jsonl", "-o", "out.jsonl", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    out = rows(tmp_path / "out.jsonl")
+    assert out["a"]["text"] == "cba" and out["c"]["text"] == "fed"
+    assert out["b"]["error"] == {"code": "engine_error", "param": None, "line": 2, "message":
+                                 "internal error while preparing the request: RuntimeError: "
+                                 "injected fault"}
+    assert "in.jsonl:2 (id 'b'): unexpected RuntimeError at " in res.stderr
+    assert "--debug prints the full traceback" in res.stderr
+    debug = kvcli("generate", "in.jsonl", "--debug", cwd=tmp_path)
+    assert debug.returncode == 1 and debug.stderr.count("Traceback (most recent call last)") == 1
+    assert "raise RuntimeError(\"injected fault\")" in debug.stderr
+    again = kvcli("generate", "in.jsonl", "-o", "out.jsonl", "--resume", cwd=tmp_path)
+    assert again.returncode == 0 and "3 already in out.jsonl" in again.stderr, again.stderr
+
+
 class Boom(RuntimeError):
     pass
 
