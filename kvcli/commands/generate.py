@@ -181,8 +181,8 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
       {"prompt_token_ids": [1, 2, 3]}
       {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}
     Any SamplingParams field (max_tokens, temperature, seed, stop, n, logprobs...) and
-    cache_salt may be set per line; flags give the defaults. A line without an id gets
-    "line-<N>" (its 1-based line number).
+    cache_salt may be set per line; flags give the defaults. A plain line without an id
+    gets "line-<N>" (its 1-based line number); an OpenAI Batch line needs its custom_id.
 
     \b
     Exit status: 0 all ok (or no request lines), 1 some requests failed, 2 bad usage or
