@@ -56,6 +56,7 @@ def test_backend_options():
      "guided_whitespace_pattern"),
     ({"prompt": "x", "guided_choice": "yes"}, "guided_choice"),
     ({"prompt": "x", "guided_json": "{not json"}, "guided_json"),
+    ({"prompt": "x", "guided_json": "[" * 5000 + "]" * 5000}, "guided_json"),  # too deep
     (chat_line({"messages": MSGS, "guided_json": {"type": "strin"}}), "body.guided_json.type"),
 ])
 def test_what_cannot_be_honoured_is_the_lines_error(line, field):

@@ -160,7 +160,7 @@ def _as_json(text: str) -> Any:
     deep, or an integer longer than Python converts (ValueError)."""
     try:
         return json.loads(text, parse_constant=_not_json)
-    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+    except (ValueError, RecursionError):  # also an integer past Python's 4,300-digit limit
         return None
 
 
