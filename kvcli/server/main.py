@@ -73,6 +73,9 @@ def run_server(cfg: ServeConfig) -> int:
         worker = Worker(store, files, run, Limits(cfg.max_lines, cfg.generate.max_line_bytes), log)
         state = ServerState(store, files, worker, cfg.model_name, cfg.max_file_bytes,
                             cfg.expire_after_s, now(), log)
+        from kvcli import startup
+
+        startup.release()  # the model is loaded: uvicorn's own SIGINT/SIGTERM handling from here
         log(f"http://{cfg.host}:{cfg.port}/v1 serving {cfg.model_name!r}, data in {cfg.data_dir}")
         uvicorn.run(build_app(state, BearerAuth(cfg.api_key)), host=cfg.host, port=cfg.port,
                     log_level="warning", access_log=False, lifespan="on")

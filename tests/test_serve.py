@@ -1,0 +1,238 @@
+"""`kvcli serve` through the official openai SDK: real server processes on loopback, a tiny model.
+
+Upload, create, poll, download (each line validated with the SDK's own types), pagination,
+validation failures with their line numbers, limits, 401s, FIFO queueing, cancel, and a
+server killed with SIGKILL mid-batch that a restart finishes with every custom_id once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+from serve_process import MODEL, ServeProcess, batch_line, write_jsonl
+
+KEY = "sk-test-" + "7" * 24
+FINAL = ("completed", "failed", "cancelled", "expired")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    # --max-num-seqs 2: a long batch runs long enough to be cancelled part-way.
+    proc = ServeProcess(tiny_models["llama"], tmp_path_factory.mktemp("serve") / "data",
+                        "--max-file-bytes", "256KB", "--max-lines", "400", "--max-num-seqs", "2",
+                        "-q", api_key=KEY).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+
+
+def wait(client: openai.OpenAI, batch_id: str, until=lambda b: b.status in FINAL,
+         timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if until(batch):
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} still {batch.status}: {batch.request_counts}")
+
+
+def run(client, tmp_path: Path, rows: list, endpoint="/v1/chat/completions", **kw):
+    path = write_jsonl(tmp_path / f"in-{time.monotonic_ns()}.jsonl", rows)
+    with open(path, "rb") as f:
+        uploaded = client.files.create(file=f, purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint,
+                                  completion_window="24h", **kw)
+    return wait(client, batch.id)
+
+
+def lines_of(client, file_id: str | None) -> list[dict]:
+    return [] if file_id is None else \
+        [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_chat_batch_round_trip(client, tmp_path) -> None:
+    rows = [batch_line(f"chat-{i}", max_tokens=5 + i % 3) for i in range(6)]
+    rows.append(batch_line("bad-field", temperature=-1))  # the engine refuses: a line error
+    batch = run(client, tmp_path, rows, metadata={"job": "nightly"})
+    assert batch.status == "completed", batch
+    assert batch.model == MODEL and batch.metadata == {"job": "nightly"}
+    assert batch.request_counts.model_dump() == {"total": 7, "completed": 6, "failed": 1}
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+    out = lines_of(client, batch.output_file_id)
+    assert sorted(r["custom_id"] for r in out) == sorted(f"chat-{i}" for i in range(6))
+    prompt = completion = 0
+    for row in out:
+        body = ChatCompletion.model_validate(row["response"]["body"])
+        assert row["response"]["status_code"] == 200 and row["error"] is None
+        assert body.model == MODEL and body.choices[0].message.role == "assistant"
+        prompt += body.usage.prompt_tokens
+        completion += body.usage.completion_tokens
+    assert batch.usage.input_tokens == prompt and batch.usage.output_tokens == completion
+    assert batch.usage.input_tokens_details.cached_tokens >= 0
+    errors = lines_of(client, batch.error_file_id)
+    assert [(e["custom_id"], e["response"]) for e in errors] == [("bad-field", None)]
+    assert "temperature" in errors[0]["error"]["message"]
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+
+
+def test_completions_batch(client, tmp_path) -> None:
+    rows = [batch_line(f"c{i}", "/v1/completions", max_tokens=4) for i in range(3)]
+    batch = run(client, tmp_path, rows, endpoint="/v1/completions")
+    assert batch.status == "completed" and batch.error_file_id is None
+    for row in lines_of(client, batch.output_file_id):
+        body = Completion.model_validate(row["response"]["body"])
+        assert body.object == "text_completion" and body.usage.completion_tokens == 4
+
+
+def test_validation_failures_name_their_lines(client, tmp_path) -> None:
+    rows = [batch_line("a"), batch_line("a"), batch_line("b", "/v1/completions"),
+            '{"custom_id": "c", "method": "POST",', batch_line("d", model="gpt-4o"),
+            batch_line("ok")]
+    batch = run(client, tmp_path, rows)
+    assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
+    got = {(e.line, e.code) for e in batch.errors.data}
+    assert got == {(2, "duplicate_custom_id"), (3, "mismatched_endpoint"),
+                   (4, "invalid_json_line"), (5, "model_not_found")}
+
+
+def test_limits(server, client, tmp_path) -> None:
+    too_many = run(client, tmp_path, [batch_line(f"r{i}") for i in range(401)])
+    assert too_many.status == "failed"
+    assert too_many.errors.data[0].code == "too_many_requests"
+    big = write_jsonl(tmp_path / "big.jsonl", [batch_line("x", prompt_pad="y" * 300_000)])
+    with pytest.raises(openai.APIStatusError) as err, open(big, "rb") as f:
+        client.files.create(file=f, purpose="batch")
+    assert err.value.status_code == 413
+    assert not list((server.data_dir / "tmp").iterdir())  # nothing of it kept
+
+
+def test_files_endpoints_and_pagination(client, tmp_path) -> None:
+    ids = []
+    for i in range(3):
+        with open(write_jsonl(tmp_path / f"f{i}.jsonl", [batch_line(f"p{i}")]), "rb") as f:
+            ids.append(client.files.create(file=f, purpose="batch").id)
+    assert client.files.retrieve(ids[0]).filename == "f0.jsonl"
+    assert json.loads(client.files.content(ids[1]).text)["custom_id"] == "p1"
+    first = client.files.list(limit=2)
+    assert [f.id for f in first.data] == ids[:0:-1] and first.has_more
+    assert client.files.list(limit=2, after=ids[1]).data[0].id == ids[0]
+    assert client.files.delete(ids[2]).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(ids[2])
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve("../kvcli.db")
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(input_file_id=ids[2], endpoint="/v1/chat/completions",
+                              completion_window="24h")
+
+
+def test_wrong_or_missing_key_is_401(server) -> None:
+    for key in ("sk-wrong", KEY[:-1]):
+        bad = openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as err:
+            bad.models.list()
+        assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as raw:
+        urllib.request.urlopen(f"{server.base_url}/batches", timeout=10)
+    assert raw.value.code == 401 and "error" in json.loads(raw.value.read())
+
+
+def test_two_batches_run_in_order(client, tmp_path) -> None:
+    created = []
+    for n in range(2):
+        path = write_jsonl(tmp_path / f"q{n}.jsonl",
+                           [batch_line(f"q{n}-{i}", max_tokens=8) for i in range(8)])
+        with open(path, "rb") as f:
+            file_id = client.files.create(file=f, purpose="batch").id
+        created.append(client.batches.create(input_file_id=file_id, completion_window="24h",
+                                             endpoint="/v1/chat/completions"))
+    first, second = (wait(client, b.id) for b in created)
+    assert first.status == second.status == "completed"
+    assert second.in_progress_at >= first.completed_at
+    page = client.batches.list(limit=1)
+    assert page.data[0].id == second.id and page.has_more
+    assert client.batches.list(limit=1, after=second.id).data[0].id == first.id
+
+
+def test_cancel_keeps_finished_lines(client, tmp_path) -> None:
+    rows = [batch_line(f"long-{i}", max_tokens=48, ignore_eos=True) for i in range(200)]
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    with open(path, "rb") as f:
+        file_id = client.files.create(file=f, purpose="batch").id
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    wait(client, batch.id, lambda b: b.request_counts.completed >= 2)
+    assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    done = wait(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at and done.cancelling_at
+    out = lines_of(client, done.output_file_id)
+    ids = [r["custom_id"] for r in out]
+    assert 2 <= len(ids) < 200 and len(set(ids)) == len(ids)
+    assert done.request_counts.completed == len(ids) and done.request_counts.total == 200
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(run(client, tmp_path, [batch_line("z")]).id)
+
+
+def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_path) -> None:
+    data = tmp_path / "data"
+    proc = ServeProcess(tiny_models["llama"], data, "--max-num-seqs", "2", "-q").start()
+    total = 60
+    try:
+        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        rows = [batch_line(f"k{i}", max_tokens=32, ignore_eos=True) for i in range(total)]
+        with open(write_jsonl(tmp_path / "kill.jsonl", rows), "rb") as f:
+            file_id = client.files.create(file=f, purpose="batch").id
+        batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        seen = wait(client, batch.id, lambda b: b.request_counts.completed >= 5)
+        proc.kill()
+        assert seen.status == "in_progress" and seen.request_counts.completed < total - 10, \
+            "the batch was nearly done before the kill"
+        proc.start()
+        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        done = wait(client, batch.id)
+        assert done.status == "completed" and done.error_file_id is None
+        assert done.request_counts.model_dump() == {"total": total, "completed": total,
+                                                    "failed": 0}
+        out = lines_of(client, done.output_file_id)
+        assert sorted(r["custom_id"] for r in out) == sorted(f"k{i}" for i in range(total))
+        for row in out:
+            ChatCompletion.model_validate(row["response"]["body"])
+        assert done.usage.output_tokens == 32 * total
+    finally:
+        proc.stop()
+
+
+def test_non_loopback_host_needs_a_key() -> None:
+    from click.testing import CliRunner
+
+    from kvcli.cli import main
+
+    res = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0"], env={"KVCLI_API_KEY": ""})
+    assert res.exit_code == 2 and "--api-key" in res.output
+
+
+def test_help_imports_neither_the_web_stack_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom kvcli.cli import main\n"
+            "for args in (['--help'], ['serve', '--help'], ['audit', '--help']):\n"
+            "    assert CliRunner().invoke(main, args).exit_code == 0\n"
+            "heavy = {'torch', 'starlette', 'uvicorn', 'python_multipart'} & set(sys.modules)\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
