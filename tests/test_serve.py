@@ -175,7 +175,13 @@ def test_cancel_keeps_finished_lines(client, tmp_path) -> None:
         file_id = client.files.create(file=f, purpose="batch").id
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
+    with open(write_jsonl(tmp_path / "queued.jsonl", [batch_line("w")]), "rb") as f:
+        queued = client.batches.create(input_file_id=client.files.create(file=f, purpose="batch").id,
+                                       endpoint="/v1/chat/completions", completion_window="24h")
     wait(client, batch.id, lambda b: b.request_counts.completed >= 2)
+    assert client.batches.retrieve(queued.id).status == "validating"  # waits its turn (FIFO)
+    gone = client.batches.cancel(queued.id)  # never started: cancelled at once
+    assert gone.status == "cancelled" and gone.in_progress_at is None and not gone.output_file_id
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = wait(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at and done.cancelling_at
@@ -213,6 +219,53 @@ def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_p
         for row in out:
             ChatCompletion.model_validate(row["response"]["body"])
         assert done.usage.output_tokens == 32 * total
+    finally:
+        proc.stop()
+
+
+def test_expired_batch_keeps_its_answers_and_fails_the_rest(tiny_models, tmp_path) -> None:
+    proc = ServeProcess(tiny_models["llama"], tmp_path / "data", "--expire-after", "3s",
+                        "--max-num-seqs", "1", "-q").start()
+    try:
+        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        rows = [batch_line(f"e{i}", max_tokens=64, ignore_eos=True) for i in range(150)]
+        batch = run(client, tmp_path, rows)
+        assert batch.status == "expired" and batch.expired_at
+        answered = [r["custom_id"] for r in lines_of(client, batch.output_file_id)]
+        expired = lines_of(client, batch.error_file_id)
+        assert {e["error"]["code"] for e in expired} == {"batch_expired"}
+        ids = answered + [e["custom_id"] for e in expired]
+        assert sorted(ids) == sorted(f"e{i}" for i in range(150)) and expired
+        assert batch.request_counts.model_dump() == {"total": 150, "completed": len(answered),
+                                                     "failed": len(expired)}
+    finally:
+        proc.stop()
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_ten_thousand_lines(tiny_models, tmp_path) -> None:
+    """A 10,000-line batch completes with each id once; the peak RSS is printed (-s) and bounded
+    loosely (the engine's and tokenizer's caches grow with distinct prompts, not the server)."""
+    proc = ServeProcess(tiny_models["llama"], tmp_path / "data", "--kv-cache-memory", "32MiB",
+                        "-q").start()
+    n = 10_000
+    try:
+        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        before = _peak_rss_kib(proc.proc.pid)
+        batch = run(client, tmp_path, [batch_line(f"t{i}", max_tokens=1) for i in range(n)])
+        peak = _peak_rss_kib(proc.proc.pid)
+        print(f"10,000-line batch: server peak RSS {peak / 1024:.0f} MiB "
+              f"({before / 1024:.0f} MiB before it)")
+        assert batch.status == "completed" and batch.request_counts.completed == n
+        ids = [r["custom_id"] for r in lines_of(client, batch.output_file_id)]
+        assert len(ids) == n and len(set(ids)) == n
+        assert peak - before < 1 << 20  # KiB: 1 GiB; it takes ~120-250 MiB here
     finally:
         proc.stop()
 

@@ -32,6 +32,12 @@ _EXPIRED = {"code": "batch_expired", "message": "This request could not be execu
             "completion window expired."}
 
 
+# The state each final one is reached from: a second finalisation (the worker and a cancel
+# racing) finds the batch moved on and changes nothing.
+_FINALIZED_FROM = {"completed": ("finalizing",), "cancelled": ("cancelling",),
+                   "expired": ("in_progress",)}
+
+
 class BatchStop:
     """What the job polls between engine steps (kvcli/batch/job.py's ``stop``): truthy once the
     batch is cancelled, passes its ``expires_at``, or the server shuts down."""
@@ -96,12 +102,18 @@ class Worker:
     def cancel(self, batch_id: str) -> dict[str, Any] | None:
         obj = self.store.update_batch(batch_id, only_if=("validating", "in_progress"),
                                       status="cancelling", cancelling_at=now())
-        if obj is not None:
-            self.log(f"{batch_id}: cancelling")
-            with self._lock:
-                if self._current is not None and self._current[0] == batch_id:
-                    self._current[1].reason = "cancelled"
-            self._wake.set()
+        if obj is None:
+            return None
+        self.log(f"{batch_id}: cancelling")
+        with self._lock:
+            running = self._current is not None and self._current[0] == batch_id
+            if running:
+                self._current[1].reason = "cancelled"  # type: ignore[index]
+        if not running and obj["in_progress_at"] is None:
+            # Still queued: nothing ran, nothing to wait for (the worker, should it pick the
+            # batch meanwhile, only moves it on from "validating").
+            return self._finalize(obj, "cancelled") or obj
+        self._wake.set()
         return obj
 
     # ------------------------------------------------------------ the loop
@@ -213,7 +225,7 @@ class Worker:
         finally:
             sink.close()
 
-    def _finalize(self, batch: dict[str, Any], final: str) -> None:
+    def _finalize(self, batch: dict[str, Any], final: str) -> dict[str, Any] | None:
         """Register the result files as ``batch_output`` files (empty ones dropped), with
         counts and usage read from the files themselves (exact after any kill)."""
         batch_id = batch["id"]
@@ -231,8 +243,8 @@ class Worker:
                                             "batch_output"))
             ids[f"{kind}_file_id"] = file_id
         total = batch["request_counts"]["total"]
-        self._set(batch_id, final, request_counts=_counts(total, p),
-                  usage=usage(p.input_tokens, p.cached_tokens, p.output_tokens), **ids)
+        return self._set(batch_id, final, _FINALIZED_FROM[final], request_counts=_counts(total, p),
+                         usage=usage(p.input_tokens, p.cached_tokens, p.output_tokens), **ids)
 
     def _result_paths(self, batch_id: str) -> tuple[Path, Path]:
         private = self.store.get_private(batch_id)
