@@ -23,8 +23,10 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    def __init__(self, model_dir: Path, data_dir: Path, *args: str, api_key: str | None = None):
+    def __init__(self, model_dir: Path, data_dir: Path, *args: str, api_key: str | None = None,
+                 name: str = MODEL):
         self.model_dir, self.data_dir, self.args, self.api_key = model_dir, data_dir, args, api_key
+        self.name = name
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"{data_dir.name}.log"
@@ -35,7 +37,7 @@ class ServeProcess:
 
     def start(self, timeout: float = 180.0) -> ServeProcess:
         cmd = [sys.executable, "-m", "kvcli", "serve", "--model", str(self.model_dir),
-               "--served-model-name", MODEL, "--port", str(self.port),
+               "--served-model-name", self.name, "--port", str(self.port),
                "--data-dir", str(self.data_dir), *self.args]
         if self.api_key:
             cmd += ["--api-key", self.api_key]

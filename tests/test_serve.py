@@ -8,6 +8,8 @@ server killed with SIGKILL mid-batch that a restart finishes with every custom_i
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -249,25 +251,44 @@ def _peak_rss_kib(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_ten_thousand_lines(tiny_models, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def open_server(tiny_models, tmp_path_factory):
+    """No key (loopback), the tiny model under the default model's name, a small KV pool."""
+    proc = ServeProcess(tiny_models["llama"], tmp_path_factory.mktemp("open") / "data",
+                        "--kv-cache-memory", "32MiB", "-q", name="smollm2-135m").start()
+    yield proc
+    proc.stop()
+
+
+def test_readme_example_runs_as_written(open_server, tmp_path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Serve: the OpenAI Batch API"):]
+    code = section[section.index("```python\n") + 10:section.index("\n```\n", section.index("```python"))]
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code
+    code = code.replace("127.0.0.1:8000", f"127.0.0.1:{open_server.port}")  # only the port
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("completed") and "completed=2" in lines[0]
+    assert sorted(line.split(" ", 1)[0] for line in lines[1:]) == ["q0", "q1"]
+
+
+def test_ten_thousand_lines(open_server, tmp_path) -> None:
     """A 10,000-line batch completes with each id once; the peak RSS is printed (-s) and bounded
     loosely (the engine's and tokenizer's caches grow with distinct prompts, not the server)."""
-    proc = ServeProcess(tiny_models["llama"], tmp_path / "data", "--kv-cache-memory", "32MiB",
-                        "-q").start()
     n = 10_000
-    try:
-        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
-        before = _peak_rss_kib(proc.proc.pid)
-        batch = run(client, tmp_path, [batch_line(f"t{i}", max_tokens=1) for i in range(n)])
-        peak = _peak_rss_kib(proc.proc.pid)
-        print(f"10,000-line batch: server peak RSS {peak / 1024:.0f} MiB "
-              f"({before / 1024:.0f} MiB before it)")
-        assert batch.status == "completed" and batch.request_counts.completed == n
-        ids = [r["custom_id"] for r in lines_of(client, batch.output_file_id)]
-        assert len(ids) == n and len(set(ids)) == n
-        assert peak - before < 1 << 20  # KiB: 1 GiB; it takes ~120-250 MiB here
-    finally:
-        proc.stop()
+    client = openai.OpenAI(base_url=open_server.base_url, api_key="unused", max_retries=0)
+    before = _peak_rss_kib(open_server.proc.pid)
+    rows = [batch_line(f"t{i}", max_tokens=1, model="smollm2-135m") for i in range(n)]
+    batch = run(client, tmp_path, rows)
+    peak = _peak_rss_kib(open_server.proc.pid)
+    print(f"10,000-line batch: server peak RSS {peak / 1024:.0f} MiB "
+          f"({before / 1024:.0f} MiB before it)")
+    assert batch.status == "completed" and batch.request_counts.completed == n
+    ids = [r["custom_id"] for r in lines_of(client, batch.output_file_id)]
+    assert len(ids) == n and len(set(ids)) == n
+    assert peak - before < 1 << 20  # KiB: 1 GiB; it takes ~120-250 MiB here
 
 
 def test_non_loopback_host_needs_a_key() -> None:
@@ -280,9 +301,6 @@ def test_non_loopback_host_needs_a_key() -> None:
 
 
 def test_help_imports_neither_the_web_stack_nor_torch() -> None:
-    import subprocess
-    import sys
-
     code = ("import sys\nfrom click.testing import CliRunner\nfrom kvcli.cli import main\n"
             "for args in (['--help'], ['serve', '--help'], ['audit', '--help']):\n"
             "    assert CliRunner().invoke(main, args).exit_code == 0\n"
