@@ -72,7 +72,7 @@ def serve(ctx: click.Context, **opts: Any) -> None:
         raise click.UsageError(f"--host {opts['host']} is not loopback: give --api-key "
                                "(or KVCLI_API_KEY) so only your clients can use the server")
     from kvcli.batch.config import GenerateConfig
-    from kvcli.model.resolve import kvcli_home
+    from kvcli.paths import kvcli_home
     from kvcli.server.main import ServeConfig, ServeError, run_server
 
     gen = GenerateConfig(input="-", max_pending=opts["max_pending"],
