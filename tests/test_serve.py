@@ -271,7 +271,8 @@ def test_readme_example_runs_as_written(open_server, tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("completed") and "completed=2" in lines[0]
-    assert sorted(line.split(" ", 1)[0] for line in lines[1:]) == ["q0", "q1"]
+    # The random model's replies may hold newlines: each answer starts a line with its id.
+    assert {line.split(" ", 1)[0] for line in lines[1:]} >= {"q0", "q1"}
 
 
 def test_ten_thousand_lines(open_server, tmp_path) -> None:
