@@ -244,6 +244,29 @@ def test_expired_batch_keeps_its_answers_and_fails_the_rest(tiny_models, tmp_pat
         proc.stop()
 
 
+def test_files_past_their_retention_are_deleted(tiny_models, tmp_path) -> None:
+    proc = ServeProcess(tiny_models["llama"], tmp_path / "data", "--file-retention", "2s",
+                        "-q").start()
+    try:
+        client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        with open(write_jsonl(tmp_path / "r.jsonl", [batch_line("r")]), "rb") as f:
+            uploaded = client.files.create(file=f, purpose="batch")
+        assert uploaded.expires_at == uploaded.created_at + 2
+        assert (tmp_path / "data" / "files" / uploaded.id).exists()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                client.files.retrieve(uploaded.id)
+            except openai.NotFoundError:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the file outlived its retention")
+        assert not (tmp_path / "data" / "files" / uploaded.id).exists()
+    finally:
+        proc.stop()
+
+
 def _peak_rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

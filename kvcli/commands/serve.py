@@ -23,8 +23,10 @@ from kvcli.commands.generate import (  # the same options and derivation as gene
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int:
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
     text = value.strip().lower()
+    if text == "never" and param.name == "file_retention":
+        return None
     unit = _DURATION_UNITS.get(text[-1:]) if text[-1:].isalpha() else 1
     number = text[:-1] if text[-1:].isalpha() else text
     if unit is None or not number.isdigit() or int(number) <= 0:
@@ -49,6 +51,9 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.option("--expire-after", default="24h", show_default=True, callback=_duration,
               metavar="DURATION", help="A batch not finished this long after its creation "
                                        "expires (its unanswered requests get batch_expired).")
+@click.option("--file-retention", default="30d", show_default=True, callback=_duration,
+              metavar="DURATION|never", help="Uploads and results are deleted this long after "
+                                             "their creation (OpenAI's default for batch files).")
 @click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
               help="Requests admitted to the engine at once.")
 @click.option("--max-line-bytes", default="16MiB", show_default=True, callback=_size,
@@ -84,7 +89,8 @@ def serve(ctx: click.Context, **opts: Any) -> None:
         data_dir=opts["data_dir"] or kvcli_home() / "serve", api_key=opts["api_key"] or None,
         model_name=opts["served_model_name"] or opts["model"],
         max_file_bytes=opts["max_file_bytes"], max_lines=opts["max_lines"],
-        expire_after_s=opts["expire_after"], quiet=opts["quiet"], generate=gen)
+        expire_after_s=opts["expire_after"], file_retention_s=opts["file_retention"],
+        quiet=opts["quiet"], generate=gen)
     try:
         ctx.exit(run_server(cfg))
     except ServeError as err:

@@ -48,6 +48,7 @@ class ServerState:
     model_name: str
     max_file_bytes: int
     expire_after_s: int
+    file_retention_s: int | None
     started: int
     log: Callable[[str], None]
 
@@ -98,7 +99,7 @@ async def upload_file(request: Request) -> Response:
                          f"{upload.fields.get('purpose')!r}", "purpose")
     file_id = new_id("file-")
     s.files.commit(upload, file_id)
-    obj = file_object(file_id, upload.filename, upload.size, "batch")
+    obj = file_object(file_id, upload.filename, upload.size, "batch", s.file_retention_s)
     s.store.put_file(obj)
     return json(obj)
 

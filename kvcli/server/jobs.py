@@ -70,6 +70,7 @@ class BatchStop:
 class Limits:
     max_lines: int
     max_line_bytes: int
+    file_retention_s: int | None = None  # files are deleted this long after creation
 
 
 class Worker:
@@ -119,6 +120,7 @@ class Worker:
     # ------------------------------------------------------------ the loop
     def _loop(self) -> None:
         while not self._closing:
+            self._sweep()
             batch = self.store.next_unfinished()
             if batch is None:
                 self._wake.wait(1.0)
@@ -131,6 +133,15 @@ class Worker:
                 self._set(batch["id"], "failed", errors=_errors(
                     [{"code": "server_error", "message": f"{type(err).__name__}: {err}",
                       "param": None, "line": None}]))
+
+    def _sweep(self) -> None:
+        """Delete the files past their retention (between batches: an indexed query), except
+        the input of a batch that has not finished."""
+        for file_id in self.store.expired_files(now()):
+            if self.store.batch_using(file_id) is None:
+                self.store.delete_file(file_id)
+                self.files.remove(file_id)
+                self.log(f"{file_id}: deleted (past --file-retention)")
 
     def _advance(self, batch: dict[str, Any]) -> None:
         status = batch["status"]
@@ -240,7 +251,7 @@ class Worker:
                 continue
             file_id = path.name
             self.store.put_file(file_object(file_id, f"{batch_id}_{kind}.jsonl", size,
-                                            "batch_output"))
+                                            "batch_output", self.limits.file_retention_s))
             ids[f"{kind}_file_id"] = file_id
         total = batch["request_counts"]["total"]
         return self._set(batch_id, final, _FINALIZED_FROM[final], request_counts=_counts(total, p),

@@ -29,6 +29,7 @@ class ServeConfig:
     max_file_bytes: int
     max_lines: int
     expire_after_s: int
+    file_retention_s: int | None
     quiet: bool
     generate: GenerateConfig  # the engine options and the per-line defaults
 
@@ -70,9 +71,10 @@ def run_server(cfg: ServeConfig) -> int:
             raise ServeError(f"cannot load model {cfg.generate.engine.get('model')!r}: "
                              f"{err}") from None
         run = BatchRun(engine, cfg.generate, cfg.model_name)
-        worker = Worker(store, files, run, Limits(cfg.max_lines, cfg.generate.max_line_bytes), log)
+        limits = Limits(cfg.max_lines, cfg.generate.max_line_bytes, cfg.file_retention_s)
+        worker = Worker(store, files, run, limits, log)
         state = ServerState(store, files, worker, cfg.model_name, cfg.max_file_bytes,
-                            cfg.expire_after_s, now(), log)
+                            cfg.expire_after_s, cfg.file_retention_s, now(), log)
         from kvcli import startup
 
         startup.release()  # the model is loaded: uvicorn's own SIGINT/SIGTERM handling from here

@@ -19,11 +19,13 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 def file_object(file_id: str, filename: str, size: int, purpose: str,
-                created_at: int | None = None) -> dict[str, Any]:
-    return {"id": file_id, "object": "file", "bytes": size,
-            "created_at": created_at if created_at is not None else now(),
+                retention_s: int | None) -> dict[str, Any]:
+    """``retention_s``: the file is deleted that long after its creation (None: kept)."""
+    created = now()
+    return {"id": file_id, "object": "file", "bytes": size, "created_at": created,
             "filename": filename, "purpose": purpose, "status": "processed",
-            "expires_at": None, "status_details": None}
+            "expires_at": created + retention_s if retention_s else None,
+            "status_details": None}
 
 
 def batch_object(batch_id: str, input_file_id: str, endpoint: str, window: str,

@@ -20,7 +20,8 @@ UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, purpose TEXT NOT NULL,
-    data BLOB NOT NULL);
+    expires_at INTEGER, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at) WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, status TEXT NOT NULL,
     input_file_id TEXT NOT NULL, data BLOB NOT NULL, private BLOB NOT NULL);
@@ -53,13 +54,18 @@ class Store:
     # ------------------------------------------------------------------ files
     def put_file(self, obj: dict[str, Any]) -> None:
         """Insert, or replace a row with the same id (a re-run finalisation)."""
-        self._run("INSERT INTO files (id, purpose, data) VALUES (?, ?, ?) ON CONFLICT(id) "
-                  "DO UPDATE SET data = excluded.data",
-                  (obj["id"], obj["purpose"], orjson.dumps(obj)))
+        self._run("INSERT INTO files (id, purpose, expires_at, data) VALUES (?, ?, ?, ?) "
+                  "ON CONFLICT(id) DO UPDATE SET data = excluded.data",
+                  (obj["id"], obj["purpose"], obj["expires_at"], orjson.dumps(obj)))
 
     def get_file(self, file_id: str) -> dict[str, Any] | None:
         rows = self._all("SELECT data FROM files WHERE id = ?", (file_id,))
         return orjson.loads(rows[0][0]) if rows else None
+
+    def expired_files(self, at: int) -> list[str]:
+        """Files past their retention (``expires_at``), oldest first."""
+        return [r[0] for r in self._all("SELECT id FROM files WHERE expires_at IS NOT NULL AND "
+                                        "expires_at <= ? ORDER BY seq", (at,))]
 
     def delete_file(self, file_id: str) -> bool:
         return self._run("DELETE FROM files WHERE id = ?", (file_id,)) > 0
