@@ -16,6 +16,7 @@ from kvcli.commands.generate import (  # the same options and derivation as gene
     _SAMPLING_OPTIONS,
     _apply,
     _engine_options,
+    _names,
     _sampling_defaults,
     _size,
 )
@@ -42,8 +43,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int | N
               help="Files, results and the SQLite database (default: $KVCLI_HOME/serve).")
 @click.option("--api-key", envvar="KVCLI_API_KEY",
               help="Clients must send `Authorization: Bearer KEY` (env KVCLI_API_KEY).")
-@click.option("--served-model-name", metavar="NAME",
-              help="The model's id in /v1/models and in the lines' body.model (default: --model).")
+@click.option("--served-model-name", "served_model_names", multiple=True, metavar="NAME",
+              callback=_names,
+              help="The model's id in /v1/models, which lines give as body.model (repeatable or "
+                   "comma-separated, as for generate; the first is the one results report). "
+                   "Default: --model.")
 @click.option("--max-file-bytes", default="200MB", show_default=True, callback=_size,
               metavar="SIZE", help="Largest upload (refused before it is stored).")
 @click.option("--max-lines", type=click.IntRange(min=1), default=50_000, show_default=True,
@@ -83,11 +87,12 @@ def serve(ctx: click.Context, **opts: Any) -> None:
     gen = GenerateConfig(input="-", max_pending=opts["max_pending"],
                          max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"],
                          sampling=_sampling_defaults(opts), seed=opts["seed"],
-                         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts))
+                         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
+                         served_model_names=opts["served_model_names"])
     cfg = ServeConfig(
         host=opts["host"], port=opts["port"],
         data_dir=opts["data_dir"] or kvcli_home() / "serve", api_key=opts["api_key"] or None,
-        model_name=opts["served_model_name"] or opts["model"],
+        model_names=gen.model_names,
         max_file_bytes=opts["max_file_bytes"], max_lines=opts["max_lines"],
         expire_after_s=opts["expire_after"], file_retention_s=opts["file_retention"],
         quiet=opts["quiet"], generate=gen)

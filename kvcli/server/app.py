@@ -45,7 +45,7 @@ class ServerState:
     store: Store
     files: FileDir
     worker: Worker
-    model_name: str
+    model_names: tuple[str, ...]
     max_file_bytes: int
     expire_after_s: int
     file_retention_s: int | None
@@ -75,8 +75,8 @@ def _limit(request: Request, default: int, most: int) -> int:
 # ---------------------------------------------------------------------- models
 async def list_models(request: Request) -> Response:
     s: ServerState = request.app.state.kvcli
-    return json(page([{"id": s.model_name, "object": "model", "created": s.started,
-                       "owned_by": "kvcli"}], False))
+    return json(page([{"id": name, "object": "model", "created": s.started, "owned_by": "kvcli"}
+                      for name in s.model_names], False))
 
 
 # ----------------------------------------------------------------------- files
@@ -175,7 +175,7 @@ async def create_batch(request: Request) -> Response:
                     "input_file_id")
     created = now()
     obj = batch_object(new_id("batch_"), input_file_id, endpoint, window, metadata,
-                       created + s.expire_after_s, s.model_name)
+                       created + s.expire_after_s, s.model_names[0])
     s.store.add_batch(obj, {"output_file_id": new_id("file-"), "error_file_id": new_id("file-")})
     s.log(f"{obj['id']}: validating (queued)")
     s.worker.notify()

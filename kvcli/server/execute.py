@@ -123,7 +123,7 @@ class BatchRun:
 
     engine: Any
     cfg: GenerateConfig  # sampling defaults, seed, max_pending, max_line_bytes
-    model_name: str
+    model_names: tuple[str, ...]  # what body.model may say; results report the first
 
     def run(self, input_path: Path, output: Path, errors: Path, stop: Any,
             publish: Callable[[Progress], None]) -> tuple[JobOutcome, Progress]:
@@ -132,7 +132,7 @@ class BatchRun:
         out_sink, err_sink = _sink(output), _sink(errors)
         reporter = _ProgressReporter(base, publish)
         writer = SplitWriter(out_sink, errors=err_sink)
-        formatter = ResultFormatter(self.model_name, self.engine.tokenizer)
+        formatter = ResultFormatter(self.model_names[0], self.engine.tokenizer)
         try:
             with open(input_path, "rb") as f:
                 lines = iter_lines(f, self.cfg.max_line_bytes)

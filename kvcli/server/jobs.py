@@ -174,7 +174,7 @@ class Worker:
                 "code": "invalid_file", "message": "the input file was deleted",
                 "param": "input_file_id", "line": None}]))
             return
-        result = validate_input(path, batch["endpoint"], {self.run.model_name},
+        result = validate_input(path, batch["endpoint"], set(self.run.model_names),
                                 self.limits.max_lines, self.limits.max_line_bytes)
         counts = {"total": result.lines, "completed": 0, "failed": 0}
         if result.errors:

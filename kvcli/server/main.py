@@ -25,7 +25,7 @@ class ServeConfig:
     port: int
     data_dir: Path
     api_key: str | None
-    model_name: str
+    model_names: tuple[str, ...]  # /v1/models; the first is the one results report
     max_file_bytes: int
     max_lines: int
     expire_after_s: int
@@ -70,15 +70,15 @@ def run_server(cfg: ServeConfig) -> int:
         except (OSError, ValueError) as err:
             raise ServeError(f"cannot load model {cfg.generate.engine.get('model')!r}: "
                              f"{err}") from None
-        run = BatchRun(engine, cfg.generate, cfg.model_name)
+        run = BatchRun(engine, cfg.generate, cfg.model_names)
         limits = Limits(cfg.max_lines, cfg.generate.max_line_bytes, cfg.file_retention_s)
         worker = Worker(store, files, run, limits, log)
-        state = ServerState(store, files, worker, cfg.model_name, cfg.max_file_bytes,
+        state = ServerState(store, files, worker, cfg.model_names, cfg.max_file_bytes,
                             cfg.expire_after_s, cfg.file_retention_s, now(), log)
         from kvcli import startup
 
         startup.release()  # the model is loaded: uvicorn's own SIGINT/SIGTERM handling from here
-        log(f"http://{cfg.host}:{cfg.port}/v1 serving {cfg.model_name!r}, data in {cfg.data_dir}")
+        log(f"http://{cfg.host}:{cfg.port}/v1 serving {', '.join(map(repr, cfg.model_names))}, data in {cfg.data_dir}")
         uvicorn.run(build_app(state, BearerAuth(cfg.api_key)), host=cfg.host, port=cfg.port,
                     log_level="warning", access_log=False, lifespan="on")
         store.close()
