@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
 from openai.types import Completion
@@ -20,6 +21,9 @@ from openai.types.chat import ChatCompletion
 from serve_process import MODEL, ServeProcess, batch_line, write_jsonl
 
 KEY = "sk-test-" + "7" * 24
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["category", "urgent"],
+          "properties": {"category": {"enum": ["shipping", "billing"]},
+                         "urgent": {"type": "boolean"}}}
 FINAL = ("completed", "failed", "cancelled", "expired")
 
 
@@ -66,13 +70,16 @@ def lines_of(client, file_id: str | None) -> list[dict]:
 def test_chat_batch_round_trip(client, tmp_path) -> None:
     rows = [batch_line(f"chat-{i}", max_tokens=5 + i % 3) for i in range(6)]
     rows.append(batch_line("bad-field", temperature=-1))  # the engine refuses: a line error
+    rows.append(batch_line("schema", max_tokens=60, response_format={
+        "type": "json_schema", "json_schema": {"name": "ticket", "schema": SCHEMA}}))
     batch = run(client, tmp_path, rows, metadata={"job": "nightly"})
     assert batch.status == "completed", batch
     assert batch.model == MODEL and batch.metadata == {"job": "nightly"}
-    assert batch.request_counts.model_dump() == {"total": 7, "completed": 6, "failed": 1}
+    assert batch.request_counts.model_dump() == {"total": 8, "completed": 7, "failed": 1}
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
     out = lines_of(client, batch.output_file_id)
-    assert sorted(r["custom_id"] for r in out) == sorted(f"chat-{i}" for i in range(6))
+    assert sorted(r["custom_id"] for r in out) == sorted([*(f"chat-{i}" for i in range(6)),
+                                                          "schema"])
     prompt = completion = 0
     for row in out:
         body = ChatCompletion.model_validate(row["response"]["body"])
@@ -81,6 +88,9 @@ def test_chat_batch_round_trip(client, tmp_path) -> None:
         prompt += body.usage.prompt_tokens
         completion += body.usage.completion_tokens
     assert batch.usage.input_tokens == prompt and batch.usage.output_tokens == completion
+    constrained = next(r for r in out if r["custom_id"] == "schema")["response"]["body"]
+    if constrained["choices"][0]["finish_reason"] == "stop":  # structured outputs as generate's
+        jsonschema.validate(json.loads(constrained["choices"][0]["message"]["content"]), SCHEMA)
     assert batch.usage.input_tokens_details.cached_tokens >= 0
     errors = lines_of(client, batch.error_file_id)
     assert [(e["custom_id"], e["response"]) for e in errors] == [("bad-field", None)]
