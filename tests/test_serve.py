@@ -8,6 +8,8 @@ server killed with SIGKILL mid-batch that a restart finishes with every custom_i
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -206,9 +208,10 @@ def test_cancel_keeps_finished_lines(client, tmp_path) -> None:
 
 
 def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_path) -> None:
+    """Killed with SIGKILL, restarted, stopped with SIGTERM (graceful), restarted: done once."""
     data = tmp_path / "data"
     proc = ServeProcess(tiny_models["llama"], data, "--max-num-seqs", "2", "-q").start()
-    total = 60
+    total = 90
     try:
         client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
         rows = [batch_line(f"k{i}", max_tokens=32, ignore_eos=True) for i in range(total)]
@@ -222,6 +225,14 @@ def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_p
             "the batch was nearly done before the kill"
         proc.start()
         client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
+        wait(client, batch.id,
+             lambda b: b.request_counts.completed >= seen.request_counts.completed + 10)
+        proc.stop()  # SIGTERM: the step in flight ends, the batch stays in_progress
+        # uvicorn re-raises the signal once it has shut down (the worker first, then the app).
+        assert proc.proc.returncode == -signal.SIGTERM
+        status, counted, written = stored_state(proc, batch.id)
+        assert status == "in_progress" and counted == written < total - 5  # the last count too
+        proc.start()
         done = wait(client, batch.id)
         assert done.status == "completed" and done.error_file_id is None
         assert done.request_counts.model_dump() == {"total": total, "completed": total,
@@ -323,6 +334,15 @@ def test_ten_thousand_lines(open_server, tmp_path) -> None:
     ids = [r["custom_id"] for r in lines_of(client, batch.output_file_id)]
     assert len(ids) == n and len(set(ids)) == n
     assert peak - before < 1 << 20  # KiB: 1 GiB; it takes ~120-250 MiB here
+
+
+def stored_state(proc: ServeProcess, batch_id: str) -> tuple[str, int, int]:
+    """A stopped server's record of a batch: status, completed count, lines in its output."""
+    with sqlite3.connect(proc.data_dir / "kvcli.db") as db:
+        data, private = db.execute("SELECT data, private FROM batches WHERE id = ?",
+                                   (batch_id,)).fetchone()
+    obj, out = json.loads(data), proc.data_dir / "files" / json.loads(private)["output_file_id"]
+    return obj["status"], obj["request_counts"]["completed"], len(out.read_bytes().splitlines())
 
 
 def test_non_loopback_host_needs_a_key() -> None:
