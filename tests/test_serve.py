@@ -165,6 +165,13 @@ def test_wrong_or_missing_key_is_401(server) -> None:
     assert raw.value.code == 401 and "error" in json.loads(raw.value.read())
 
 
+def test_one_server_per_data_dir(server) -> None:
+    res = subprocess.run([sys.executable, "-m", "kvcli", "serve", "--data-dir",
+                          str(server.data_dir), "--port", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "in use by another kvcli serve" in res.stderr
+
+
 def test_two_batches_run_in_order(client, tmp_path) -> None:
     created = []
     for n in range(2):
