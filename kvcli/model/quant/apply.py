@@ -37,6 +37,13 @@ def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight) -> N
 
 
 def _finish(model: nn.Module) -> nn.Module:
+    # The quantized weights take the model's kernel routes (kvcli/model/routes.py).
+    routes = getattr(model, "routes", None)
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        for part in weight.parts if isinstance(weight, StackedWeight) else [weight]:
+            if isinstance(part, QuantWeight):
+                part.routes = routes
     # The fused one-row NumPy decoder (decode-1 steps) is rebuilt on the quantized weights: it
     # sees them through NumpyView, so its matmuls run the quantized kernel.
     if hasattr(model, "enable_fast_decode"):
