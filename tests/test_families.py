@@ -15,7 +15,7 @@ from fidelity import HFReference, compare
 from tiny_families import NEW_FAMILIES, PHI3_ORIGINAL_CONTEXT
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MAX_NEW = 12
 SHARED = 48  # three blocks of 16, one and a half of 32: longer than every sliding window

@@ -63,7 +63,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from kvcli.model.registry import supported_architectures
-    from kvcli.model.resolve import SPEC_HELP, kvcli_home, list_models
+    from kvcli.model.resolve import SPEC_HELP, list_models
+    from kvcli.paths import kvcli_home
 
     infos = list_models()
     if as_json:

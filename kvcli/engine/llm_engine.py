@@ -20,10 +20,11 @@ from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
 from kvcli.engine.stop import check_stop, final_text
+from kvcli.sampling_params import SamplingParams
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
@@ -141,7 +142,7 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         if self.structured is None:
-            from kvcli.structured.decoding import StructuredDecoding
+            from kvcli.engine.structured_decoding import StructuredDecoding
 
             self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
                                                  self.eos_token_ids)

