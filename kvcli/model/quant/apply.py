@@ -1,7 +1,7 @@
 """Put quantized weights into a built kvcli model: ``int8`` quantizes a loaded float32 model's
 matrices; ``gguf`` fills an empty model from a GGUF file's tensors in their own types.
 
-Every Linear's weight becomes a :class:`QuantWeight` (``layers.linear`` runs it), and the
+Every Linear's weight becomes a :class:`QuantWeight` (``KernelRoutes.linear`` runs it), and the
 token embedding a :class:`QuantEmbedding`, whose rows are de-quantized per look-up and which
 is also the tied output layer. Norms stay float32, and so do activations and the KV cache.
 """

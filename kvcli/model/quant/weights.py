@@ -1,4 +1,4 @@
-"""A quantized weight matrix and its matmul: what ``layers.linear`` runs when a Linear's weight
+"""A quantized weight matrix and its matmul: what ``KernelRoutes.linear`` runs when a Linear's weight
 is not a float tensor.
 
 The packed bytes stay in their storage format (GGUF blocks, or kvcli's int8 rows plus one
