@@ -28,7 +28,7 @@ def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
 
     root = open_cache_dir(cache_dir, create=False)
     if quantization == "gguf":  # generate runs a GGUF spec from its own directory (no conversion)
-        from kvcli.model.resolve import resolve_model
+        from kvcli.checkpoint.resolve import resolve_model
 
         model_dir = resolve_model(label or None, quiet=True, quantization="gguf")
     fingerprint = model_fingerprint(model_config(model_dir), model_dir, dtype, device_type,

@@ -86,8 +86,8 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
+        from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
-        from kvcli.model.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
@@ -97,7 +97,7 @@ class LLMEngine:
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
         if config.quantization:
-            from kvcli.model.quant import load_quantized
+            from kvcli.model.quant.load import load_quantized
 
             model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
                                    config.device, config.allow_pickle)

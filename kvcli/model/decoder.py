@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.attention import AttentionImpl, LayerAttention
-from kvcli.model.config import ModelConfig
 from kvcli.model.layers import Embedding, Linear, RMSNorm, Routed, apply_rotary, gated_activation
 
 Device = torch.device | str

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvcli.model.config import ModelConfigError, RopeConfig
+from kvcli.checkpoint.config import ModelConfigError, RopeConfig
 from kvcli.model.routes import Activation, KernelRoutes, process_routes
 
 

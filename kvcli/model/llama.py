@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfig, ModelConfigError
 from kvcli.model.attention import AttentionBackend, CommonAttentionMetadata
 from kvcli.model.attention.selector import select_attention_backend
-from kvcli.model.config import ModelConfig, ModelConfigError
 from kvcli.model.decoder import (
     AttentionSpec,
     DecoderAttention,

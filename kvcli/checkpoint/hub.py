@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvcli.model.convert import ModelResolveError
-from kvcli.model.progress import ModelProgress
-from kvcli.model.resolve import missing_model_files, validate_model_dir
+from kvcli.checkpoint.convert import ModelResolveError
+from kvcli.checkpoint.model_dir import missing_model_files, validate_model_dir
+from kvcli.checkpoint.progress import ModelProgress
 from kvcli.paths import hub_cache_dir
 
 # What a model directory needs besides weights; the hub download fetches only these.
