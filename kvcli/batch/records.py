@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kvcli.engine.request import SamplingParams
 from kvcli.inputs import LineError, clip
 from kvcli.inputs import Prompt as PromptSpec
+from kvcli.sampling_params import SamplingParams
 
 __all__ = ["FailedLine", "LineError", "LineId", "LineRequest", "PromptSpec", "RejectedRequest",
            "Style", "clip"]
@@ -53,6 +53,7 @@ class LineRequest:
     ignored_fields: list[str] = field(default_factory=list)  # unknown fields (not --strict)
     field_prefix: str = ""  # where the line's fields live ("body." on OpenAI Batch lines)
     tool_format: str | None = None  # replies are parsed for tool calls in this format
+    other_model: str | None = None  # its "model" names another than the loaded one
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class FailedLine:
     ident: LineId
     style: Style | None
     error: LineError
+    cause: BaseException | None = None  # an unexpected exception (kvcli/batch/guard.py)
 
     @property
     def describe(self) -> str:

@@ -80,10 +80,13 @@ def build_pool(cfg: GenerateConfig, opts: RayOptions, cluster: Cluster,
 
 def _load_tokenizer(cfg: GenerateConfig) -> Any:
     """The model's tokenizer, on the driver (raises ValueError/OSError: "cannot load model")."""
-    from kvcli.model.resolve import resolve_model
+    from kvcli.model.gguf_convert import resolve_model
     from kvcli.tokenizer import Tokenizer
 
     model_dir = resolve_model(cfg.engine.get("model"),
                               allow_pickle=bool(cfg.engine.get("allow_pickle")),
                               quantization=cfg.engine.get("quantization"))
-    return Tokenizer.from_dir(model_dir)
+    tokenizer = Tokenizer.from_dir(model_dir)
+    if cfg.engine.get("chat_template") is not None:  # --chat-template: as the engines render
+        tokenizer.set_chat_template(cfg.engine["chat_template"])
+    return tokenizer

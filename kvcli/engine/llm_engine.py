@@ -20,10 +20,11 @@ from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
 from kvcli.engine.stop import check_stop, final_text
+from kvcli.sampling_params import SamplingParams
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
@@ -85,8 +86,8 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
+        from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
-        from kvcli.model.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
@@ -95,8 +96,10 @@ class LLMEngine:
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
+        if config.chat_template is not None:
+            tokenizer.set_chat_template(config.chat_template)
         if config.quantization:
-            from kvcli.model.quant import load_quantized
+            from kvcli.model.quant.load import load_quantized
 
             model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
                                    config.device, config.allow_pickle)
@@ -141,10 +144,11 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         if self.structured is None:
-            from kvcli.structured.decoding import StructuredDecoding
+            from kvcli.engine.structured_decoding import StructuredDecoding
 
             self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
-                                                 self.eos_token_ids)
+                                                 self.eos_token_ids,
+                                                 self.config.structured_compile_timeout)
             self.sampler.logits_mask = self.structured.mask
         return self.structured.compile(params.structured_outputs)
 
@@ -201,7 +205,9 @@ class LLMEngine:
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Constrained requests join the scheduler once their grammar is compiled (compiling in
-        a thread holds up no running row); a grammar that failed fails its request."""
+        a thread holds up no running row); a grammar that failed or ran past its time limit
+        fails its request. With nothing to run, this waits at most 0.1 s for a compile: the
+        caller's loop then sees a stop signal promptly."""
         if self.structured is None or not self.structured.pending:
             return []
         if not self.scheduler.has_unfinished():

@@ -65,14 +65,14 @@ def isa_flags(isa: str) -> tuple[str, ...]:
 
 
 def _build(compiler: str, flags: tuple[str, ...]) -> Path:
-    from kvcli.model.resolve import kvcli_home
+    from kvcli.paths import kernels_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, *flags, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
-    target = kvcli_home() / "kernels" / f"kvcli-kernels-{key}.so"
+    target = kernels_dir() / f"kvcli-kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -135,13 +135,6 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qdequant.argtypes = [I64, F32P, F32P, I64P, F32P, *[I64] * 3]
     lib.kvcli_qgemm.restype = lib.kvcli_qdequant.restype = ctypes.c_int
     return lib
-
-
-def for_tensor(x: torch.Tensor) -> ctypes.CDLL | None:
-    """The kernels, where ``x`` is a contiguous CPU float32 tensor they can work on."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
-        return None
-    return load()
 
 
 def num_threads() -> int:
