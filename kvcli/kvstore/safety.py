@@ -63,12 +63,13 @@ def read_limited(path: Path, limit: int) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISDIR, "a directory"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
-    return "not a file"
+    return "something else"
 
 
 def require_dir(path: Path) -> os.stat_result:
@@ -119,7 +120,7 @@ def untrusted_reason(root: Path) -> str | None:
     me = os.geteuid()
     for path, st in [(root, os.stat(root)), *layout_dirs(root)]:
         if st.st_mode & stat.S_IWOTH:
-            return (f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})")
+            return f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o})"
         if st.st_uid not in (me, 0):
             return f"{path} is owned by another user (uid {st.st_uid}, this process runs as {me})"
     return None
