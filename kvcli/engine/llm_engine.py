@@ -176,6 +176,7 @@ class LLMEngine:
         if self.disk is not None:  # copy the blocks this step filled out before any reuse
             self.disk.save(self.kv_manager.drain_new_full_blocks())
         self.scheduler.update_after_step(out)
+        self.metrics.on_computed(out)
         now = time.monotonic()
         finished = [done for i, req in enumerate(samplers)
                     if (done := self._advance(req, result, i, now)) is not None]
@@ -264,6 +265,8 @@ class LLMEngine:
                                max(first.num_cached_tokens, 0),
                                sum(r.num_preemptions for r in group), ttft)
         result.error = next((r.error for r in group if r.error), None)
+        result.prefill_computed = sum(r.prefill_computed for r in group)
+        result.prefill_skipped = sum(r.prefill_skipped for r in group)
         if first.sampling_params.prompt_logprobs is not None:
             result.prompt_logprobs = [None, *first.prompt_logprobs]
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
@@ -280,6 +283,8 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         stats = self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)
+        # Counted where each sequence's own prefill_skipped is, so the two always agree.
+        stats["prefill_tokens_skipped"] = self.scheduler.prefill_tokens_skipped
         if self.disk is not None:  # queued writes are waited for only once the run is done
             stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits,
                                                    flush=not self.has_unfinished())
