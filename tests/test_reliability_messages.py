@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from test_audit_support import SYSTEM, TOOLS, chat, system, user, write_jsonl
@@ -87,3 +89,114 @@ def test_refused_endpoint_lists_exactly_what_generate_accepts(tiny_models, tmp_p
     assert all(accepted in m and "supported: " not in m for m in errors), errors
     assert errors[0].startswith("url: unsupported endpoint '/v1/embeddings'")
     assert "give a Responses body as a plain line" in errors[1]
+
+
+# ---- 17: the summary's counters add up ------------------------------------------------------
+PREFIX = "Caching the keys and values of a shared prompt prefix saves a great deal of work. "
+
+
+def _lines(tmp_path: Path, n: int, count: int = 8) -> Path:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"id": f"r{i}", "prompt": PREFIX * 2 + f"Fox {i} ran",
+                                       "n": n, "max_tokens": 8 + i % 3}) + "\n"
+                           for i in range(count)))
+    return inp
+
+
+def _adds_up(stats: dict, out: Path) -> None:
+    """The invariants of kvcli/batch/summary.py, against the output file itself."""
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert stats["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in rows[-stats["ok"]:])
+    prefill = stats["prefill_tokens_computed"] + stats["prefill_tokens_skipped"]
+    assert prefill == (stats["sequence_prompt_tokens"] + stats["prefill_tokens_recomputed"]
+                       + stats["prefill_tokens_unwritten"])
+
+
+def _generate(tiny_models, inp: Path, out: Path, *extra: str) -> dict:
+    stats = out.with_suffix(".stats.json")
+    res = kvcli("generate", str(inp), "-o", str(out), "--model", str(tiny_models["llama"]),
+                "--ignore-eos", "--stats", str(stats), *extra)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(stats.read_text())
+    _adds_up(summary, out)
+    line = next(x for x in res.stderr.decode().splitlines() if x.startswith("  prefill"))
+    total = summary["prefill_tokens_computed"] + summary["prefill_tokens_skipped"]
+    assert f"= {total:,}: {summary['sequence_prompt_tokens']:,} of the written" in line
+    return summary
+
+
+def test_counters_add_up_with_n_samples_and_preemption(tiny_models, tmp_path) -> None:
+    plain = _generate(tiny_models, _lines(tmp_path, 2), tmp_path / "a.jsonl")
+    assert plain["sequences"] == 16 and plain["sequence_prompt_tokens"] == 2 * plain["prompt_tokens"]
+    assert plain["prefill_tokens_recomputed"] == plain["prefill_tokens_unwritten"] == 0
+    tiny = _generate(tiny_models, _lines(tmp_path, 2), tmp_path / "b.jsonl", "--num-blocks", "8")
+    assert tiny["preemptions"] > 0 and tiny["prefill_tokens_recomputed"] > 0
+    one = _generate(tiny_models, _lines(tmp_path, 1), tmp_path / "c.jsonl")
+    assert one["prefill_tokens_skipped"] == one["cached_tokens"]  # n = 1: the same tokens
+    assert one["prefill_tokens_computed"] + one["cached_tokens"] == one["prompt_tokens"]
+
+
+def test_counters_add_up_after_an_interrupt_and_on_resume(tiny_models, tmp_path) -> None:
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    stats = tmp_path / "stats.json"
+    args = [sys.executable, "-m", "kvcli", "generate", str(inp), "-o", str(out), "--model",
+            str(tiny_models["llama"]), "--ignore-eos", "--max-tokens", "200", "--stats",
+            str(stats), "--max-num-seqs", "4"]
+    lines = [json.dumps({"id": f"r{i}", "prompt": PREFIX + f"Fox {i}", "n": 2,
+                         "max_tokens": 40 + 20 * (i % 4)}) for i in range(40)]
+    inp.write_text("\n".join(lines) + "\n")
+    proc = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stderr=subprocess.PIPE)
+    end = time.monotonic() + 300
+    while not (out.exists() and out.read_bytes().count(b"\n") >= 3):
+        assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    first = json.loads(stats.read_text())
+    _adds_up(first, out)
+    assert first["prefill_tokens_unwritten"] > 0  # the requests running at the interrupt
+    done = subprocess.run([*args, "--resume"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    second = json.loads(stats.read_text())
+    _adds_up(second, out)
+    assert second["skipped"] == first["ok"] and first["ok"] + second["ok"] == 40
+    assert second["prefill_tokens_unwritten"] == 0
+
+
+# ---- 15: a flag the machine cannot meet names the flag and the cause -----------------------
+def _refused(tiny_models, tmp_path, *flags: str) -> str:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "hi"}\n')
+    res = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q", *flags)
+    err = res.stderr.decode()
+    assert res.returncode == 2 and "Traceback" not in err, err
+    assert "cannot load model" not in err, err  # the model is fine: the flag is the cause
+    return err.strip()
+
+
+def test_kv_cache_memory_beyond_the_machine_names_both_sizes(tiny_models, tmp_path) -> None:
+    from kvcli.batch.resources import gib, machine_memory
+
+    err = _refused(tiny_models, tmp_path, "--kv-cache-memory", "1024TiB")
+    assert err == (f"kvcli generate: --kv-cache-memory 1,048,576 GiB is more than this "
+                   f"machine's memory ({gib(machine_memory())}); give a smaller SIZE")
+
+
+def test_unknown_and_unavailable_devices(tiny_models, tmp_path) -> None:
+    import torch
+
+    assert _refused(tiny_models, tmp_path, "--device", "tpu") == (
+        "kvcli generate: --device tpu: unknown device; use cpu or cuda (cuda:N for one GPU)")
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        err = _refused(tiny_models, tmp_path, "--device", f"cuda:{count}")
+        assert f"this machine has {count} CUDA device" in err
+        return
+    err = _refused(tiny_models, tmp_path, "--device", "cuda")
+    if not torch.backends.cuda.is_built():
+        assert err.startswith("kvcli generate: --device cuda: this torch build has no CUDA")
+    else:
+        assert err.startswith("kvcli generate: --device cuda: no CUDA device is visible")

@@ -7,6 +7,7 @@ empty input or an output that would be clobbered fail in milliseconds with exit 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import itertools
 import os
@@ -35,6 +36,7 @@ from kvcli.batch.preflight import (
     resume_state,
 )
 from kvcli.batch.report import Reporter
+from kvcli.batch.resources import ResourceError, check_engine_options
 from kvcli.batch.resume import ResumeState
 from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
@@ -45,15 +47,24 @@ EngineFactory = Callable[[GenerateConfig], Any]
 
 
 def load_engine(cfg: GenerateConfig) -> Any:
-    """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2)."""
+    """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2),
+    a --device or --kv-cache-memory this machine cannot meet BatchUsageError naming the flag."""
     from safetensors import SafetensorError
 
     EngineConfig, LLMEngine = _engine_classes()
+    try:
+        check_engine_options(cfg.engine)
+    except ResourceError as err:
+        raise BatchUsageError(str(err)) from None
     try:
         return LLMEngine.from_config(EngineConfig(**cfg.engine))
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, MemoryError,
             AssertionError) as err:  # torch/safetensors' ways to say "cannot use this"
         raise ValueError(describe_load_failure(err)) from None
+    except OSError as err:
+        if err.errno == errno.ENOMEM:  # an mmap or allocation the kernel refused
+            raise ValueError(describe_load_failure(MemoryError())) from None
+        raise
 
 
 def _engine_classes() -> tuple[Any, Any]:
@@ -83,7 +94,8 @@ def describe_load_failure(err: BaseException) -> str:
                 + "; kvcli loads pickle weights with torch.load(weights_only=True), which "
                 "refuses to run code from the file")
     if isinstance(err, MemoryError):
-        return "out of memory (lower --num-blocks / --kv-cache-memory)"
+        return ("out of memory loading the weights and the KV cache (lower --kv-cache-memory "
+                "or --num-blocks)")
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
