@@ -40,7 +40,8 @@ from kvcli.batch.resources import ResourceError, check_engine_options
 from kvcli.batch.resume import ResumeState
 from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
-from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
+from kvcli.batch.writer import CompressedSink, FdSink, LineSink, ResultWriter, open_sink
+from kvcli.compression import suffix_kind
 from kvcli.structured.tools import tool_call_format
 
 EngineFactory = Callable[[GenerateConfig], Any]
@@ -144,6 +145,9 @@ def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:
             os.ftruncate(lock.fd, 0)
     except OSError as err:
         raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
+    kind = suffix_kind(str(cfg.output))
+    if kind is not None:  # a partial compressed chunk cannot be cut back to a whole line
+        return CompressedSink(FdSink(lock.fd, str(cfg.output), owns_fd=False), kind)
     return FdSink(lock.fd, str(cfg.output), owns_fd=False, exclusive=regular)
 
 
