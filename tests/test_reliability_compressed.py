@@ -92,15 +92,19 @@ def test_compressed_output_decompresses_to_the_plain_results(tiny_models, plain,
 
 @pytest.mark.parametrize("ext", sorted(COMPRESS))
 def test_audit_reads_compressed_files_stdin_and_directories(plain, tmp_path, ext) -> None:
-    want = kvcli("audit", str(plain)).stdout
+    def audit(*args: str, stdin: bytes | None = None) -> bytes:
+        res = CliRunner().invoke(main, ["audit", *args], input=stdin, catch_exceptions=False)
+        assert res.exit_code == 0 and not res.stderr, res.stderr
+        return res.stdout_bytes
+
+    want = audit(str(plain))
     packed = COMPRESS[ext](plain.read_bytes())
     folder = tmp_path / "dir"
     folder.mkdir()
     (folder / f"in.jsonl.{ext}").write_bytes(packed)
-    for got in (kvcli("audit", str(folder / f"in.jsonl.{ext}")), kvcli("audit", "-", input=packed),
-                kvcli("audit", str(folder))):
-        assert got.returncode == 0, got.stderr
-        assert got.stdout == want
+    assert audit(str(folder / f"in.jsonl.{ext}")) == want
+    assert audit("-", stdin=packed) == want
+    assert audit(str(folder)) == want
 
 
 def test_a_cut_stream_is_one_clear_error(tiny_models, plain, tmp_path) -> None:
