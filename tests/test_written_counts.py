@@ -62,7 +62,8 @@ def test_file_size_limit_mid_line_counts_only_whole_lines(tmp_path: Path) -> Non
         summary = json.loads(stats.read_text())
         assert summary["ok"] + summary["failed"] == on_disk
         assert f"{on_disk} results written" in res.stderr
-        assert f"{30 - on_disk} requests not written" in res.stderr
+        missing = 30 - on_disk
+        assert f"{missing} request{'s' if missing != 1 else ''} not written" in res.stderr
         assert f"kvcli generate: {on_disk} ok, 0 failed" in res.stderr
         assert "(file size limit)" in res.stderr
 

@@ -31,6 +31,7 @@ from kvcli.batch.source import RawLine
 from kvcli.batch.summary import FAILED, RunCounters, Tally
 from kvcli.batch.writer import ResultWriter
 from kvcli.engine.request import SamplingParams
+from kvcli.numbers import plural
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE = 0, 1, 2, 141
 
@@ -169,6 +170,11 @@ class BatchJob:
             params.max_tokens = room if default is None else min(default, room)
         elif self.opts.clamp_max_tokens and params.max_tokens > room:
             params.max_tokens = room
+        elif params.max_tokens > room:  # the engine refuses it too; here the flag can be named
+            raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the "
+                             f"{prompt_len}-token prompt exceed the model's context of "
+                             f"{self.engine.max_model_len} tokens; at most {room} fit "
+                             "(--clamp-max-tokens caps it there instead)")
 
     def _finish(self, out: Any) -> None:
         seq, req = self._pending.pop(out.request_id)
@@ -252,5 +258,6 @@ class BatchJob:
         hint = {errno.ENOSPC: " (disk full)", errno.EDQUOT: " (disk full)",
                 errno.EFBIG: " (file size limit)"}.get(err.errno or 0, "")
         self.reporter.error(f"kvcli generate: cannot write to {self.writer.sink.name}: "
-                            f"{err.strerror or err}{hint}; {self.writer.written} results written")
+                            f"{err.strerror or err}{hint}; "
+                            f"{plural(self.writer.written, 'result')} written")
         return self._outcome(EXIT_FAILED, f"write error: {err.strerror or err}")

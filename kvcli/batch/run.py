@@ -42,6 +42,7 @@ from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import CompressedSink, FdSink, LineSink, ResultWriter, open_sink
 from kvcli.compression import suffix_kind
+from kvcli.numbers import plural
 from kvcli.structured.tools import tool_call_format
 
 EngineFactory = Callable[[GenerateConfig], Any]
@@ -167,7 +168,7 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
                       cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where)
     formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
-                                cfg.token_ids)
+                                cfg.token_ids, deterministic_ids=cfg.deterministic_ids)
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
     if cfg.input_order == "prefix":
@@ -211,8 +212,8 @@ def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
         why = "unfinished, or waiting for an earlier one" if cfg.ordered else "unfinished"
         if outcome.status.startswith("write error"):
             why += ", or the one being written when the write failed"
-        print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} requests not "
-              f"written ({why}){how}", file=sys.stderr)
+        print(f"kvcli generate: stopped ({outcome.status}): {plural(outcome.aborted, 'request')} "
+              f"not written ({why}){how}", file=sys.stderr)
     if not cfg.quiet:
         print(format_summary(summary, cfg.output_name), file=sys.stderr)
     if cfg.stats_path:

@@ -7,6 +7,7 @@ into that line's error naming the field.
 from __future__ import annotations
 
 from kvcli.engine.request import SamplingParams
+from kvcli.numbers import plural
 
 
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int,
@@ -15,7 +16,7 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
     if not ids:
         raise ValueError("prompt: empty prompt")
     if len(ids) >= max_model_len:
-        raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
+        raise ValueError(f"prompt: {plural(len(ids), 'token')}, the model's context is "
                          f"{max_model_len} (prompt plus at least one new token)")
     if len(ids) + params.max_tokens > max_model_len:  # as vLLM and the OpenAI API refuse it
         raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the {len(ids)}-token "

@@ -23,7 +23,7 @@ from kvcli.engine.outputs import CompletionOutput, RequestOutput
 from kvcli.engine.request import Request, RequestStatus, SamplingParams
 from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
-from kvcli.engine.stop import check_stop, final_text
+from kvcli.engine.stop import check_stop, final_text, reported_stop_reason
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
@@ -255,7 +255,7 @@ class LLMEngine:
             outs.append(CompletionOutput(
                 i, final_text(r, self.tokenizer.decode), list(r.output_token_ids),
                 r.status.value, r.logprobs if r.sampling_params.logprobs is not None else None,
-                r.stop_reason))
+                reported_stop_reason(r)))
             if self.structured is not None:
                 self.structured.on_finished(r, outs[-1].text)
             self._forget(r)
