@@ -200,3 +200,66 @@ def test_unknown_and_unavailable_devices(tiny_models, tmp_path) -> None:
         assert err.startswith("kvcli generate: --device cuda: this torch build has no CUDA")
     else:
         assert err.startswith("kvcli generate: --device cuda: no CUDA device is visible")
+
+
+# ---- 19: what the README promises ----------------------------------------------------------
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "openai_batch.jsonl"
+
+
+def test_deterministic_ids_make_openai_files_byte_identical(tiny_models, tmp_path) -> None:
+    def run(name: str, *flags: str) -> bytes:
+        out = tmp_path / name
+        res = kvcli("generate", str(SAMPLE), "--model", str(tiny_models["llama"]), "-o",
+                    str(out), "--ordered", "-q", "--max-tokens", "8", *flags)
+        assert res.returncode == 0, res.stderr
+        return out.read_bytes()
+
+    a, b = run("a", "--deterministic-ids"), run("b", "--deterministic-ids")
+    assert a == b
+    rows = [json.loads(x) for x in a.splitlines()]
+    ids = [r["id"] for r in rows] + [r["response"]["body"]["id"] for r in rows]
+    assert len(set(ids)) == len(ids) and all(r["response"]["body"]["created"] == 0 for r in rows)
+    random_ids = run("c")
+    assert random_ids != a  # the default: random ids, the time
+    strip = lambda data: [json.loads(x)["response"]["body"]["choices"] for x in data.splitlines()]  # noqa: E731
+    assert strip(random_ids) == strip(a)  # what is identical either way
+
+
+def test_stop_reason_is_null_for_an_eos_stop_as_in_vllm() -> None:
+    from kvcli.engine.request import Request, SamplingParams
+    from kvcli.engine.stop import reported_stop_reason
+
+    def stopped(reason, **params) -> object:
+        req = Request("r", [1, 2], SamplingParams(**params), eos_token_ids=(2,))
+        req.stop_reason = reason
+        return reported_stop_reason(req)
+
+    assert stopped(2) is None  # the end-of-sequence token (vLLM: None)
+    assert stopped(2, stop_token_ids=[2]) is None  # EOS is checked first, as vLLM's check_stop
+    assert stopped(2, ignore_eos=True, stop_token_ids=[2]) == 2
+    assert stopped(7, stop_token_ids=[7]) == 7 and stopped("END", stop=["END"]) == "END"
+
+
+def test_context_overflow_names_clamp_max_tokens(tiny_models, tmp_path) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "big", "prompt": "hi", "max_tokens": 100000}\n')
+    res = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q")
+    assert res.returncode == 1
+    message = json.loads(res.stdout)["error"]["message"]
+    assert message.startswith("max_tokens: 100000 new tokens after the ")
+    assert "(--clamp-max-tokens caps it there instead)" in message
+    clamped = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q",
+                    "--clamp-max-tokens", "--ignore-eos")
+    assert clamped.returncode == 0 and json.loads(clamped.stdout)["finish_reason"] == "length"
+
+
+def test_usage_errors_read_like_every_other_message(tmp_path) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": "hi"}\n')
+    for args, words in ((["generate", str(inp), "--max-line-bytes", "3Q"], "--max-line-bytes"),
+                        (["generate", str(inp), "--workers", "2"], "--workers needs --ray"),
+                        (["generate", str(tmp_path / "none.jsonl")], "cannot read")):
+        res = kvcli(*args)
+        err = res.stderr.decode()
+        assert res.returncode == 2 and words in err, err
+        assert err.startswith("kvcli generate: ") and "Error:" not in err, err

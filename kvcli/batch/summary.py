@@ -172,7 +172,7 @@ def format_summary(s: dict[str, Any], output_name: str) -> str:
 def _structured_line(d: dict[str, Any]) -> str:
     return (f"  structured    {d['requests']:,} constrained, {d['completed']:,} completed by their "
             f"grammar ({d['invalid']} invalid), {d['cut']:,} cut by max_tokens or stop; "
-            f"{d['grammars_compiled']} grammars compiled in {d['compile_s']:.2f} s, "
+            f"{plural(d['grammars_compiled'], 'grammar')} compiled in {d['compile_s']:.2f} s, "
             f"masks {d['mask_s']:.2f} s")
 
 
