@@ -31,7 +31,7 @@ if _startup.launched_as_cli():
 
 if TYPE_CHECKING:
     from kvcli.engine.llm import LLM
-    from kvcli.engine.request import SamplingParams
+    from kvcli.sampling_params import SamplingParams
     from kvcli.structured import StructuredOutputsParams
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from kvcli.engine.request import SamplingParams
+        from kvcli.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "StructuredOutputsParams":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 PAD, BOS, EOS, OFFSET = 0, 1, 2, 3
 

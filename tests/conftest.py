@@ -67,7 +67,8 @@ def stories_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    from kvcli.model.resolve import ModelResolveError, default_gguf_path, resolve_model
+    from kvcli.checkpoint.resolve import ModelResolveError, default_gguf_path
+    from kvcli.model.gguf_convert import resolve_model
 
     try:
         return resolve_model(None)

@@ -153,5 +153,5 @@ def test_the_bounded_replay_never_imports_torch(tmp_path: Path, tiny_models) -> 
             f"sys.argv = ['kvcli', 'audit', *{args!r}]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n")
     modules = _imported_modules(code)
-    assert {"kvcli.audit.bounded", "kvcli.engine.kv_cache", "kvcli.model.config"} <= modules
+    assert {"kvcli.audit.bounded", "kvcli.engine.kv_cache", "kvcli.checkpoint.config"} <= modules
     assert not {m for m in modules if m.split(".")[0] in ("torch", "transformers")}

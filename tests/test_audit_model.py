@@ -74,3 +74,22 @@ def test_a_missing_model_is_a_usage_error(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "x"}])
     result = run([str(path), "--model", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "--model" in result.stderr
+
+
+def test_a_gguf_model_is_converted_as_generate_converts_it(tiny_models, kvcli_home, tmp_path):
+    """`kvcli audit --model FILE.gguf` converts on first use (the command passes the torch step
+    in; kvcli.audit never imports it) and tokenizes exactly as the conversion's tokenizer."""
+    from click.testing import CliRunner
+
+    from kvcli.cli import main
+    from kvcli.model.gguf_convert import resolve_model
+    from kvcli.tokenizer import Tokenizer
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello there, hello again"}])
+    gguf = str(tiny_models.gguf("llama"))
+    result = CliRunner().invoke(main, ["audit", str(prompts), "--model", gguf, "--format", "json"])
+    assert result.exit_code in (0, 1), result.output
+    [converted] = (kvcli_home / "models").iterdir()
+    assert resolve_model(gguf) == converted  # the same conversion generate would run from
+    tokens = json.loads(result.stdout)["summary"]["tokens"]
+    assert tokens == len(Tokenizer.from_dir(converted).encode("hello there, hello again"))

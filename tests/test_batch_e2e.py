@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from kvcli.batch.fields import derive_seed
 from kvcli.cli import main
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MSGS = [{"role": "system", "content": "You are a fox who lives by the river."},
         {"role": "user", "content": "What is the capital of France?"}]

@@ -9,7 +9,7 @@ from batch_fakes import FakeTokenizer
 from kvcli.batch.output import ResultFormatter, dumps_line, engine_failure
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, PromptSpec, Style
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 TOK = FakeTokenizer()
 FMT = ResultFormatter("tiny", TOK)

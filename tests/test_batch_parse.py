@@ -14,7 +14,7 @@ from kvcli.batch.fields import derive_seed
 from kvcli.batch.parse import ParseOptions, parse_line
 from kvcli.batch.records import FailedLine, LineError, LineRequest, PromptSpec, Style
 from kvcli.batch.source import RawLine, iter_lines
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 OPTS = ParseOptions(SamplingParams(max_tokens=32, temperature=0.5, stop=["\n\n"]), seed=7)
 

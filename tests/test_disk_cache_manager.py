@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvcli.engine.kv_cache import KVCacheManager
-from kvcli.engine.request import Request, SamplingParams
+from kvcli.engine.request import Request
+from kvcli.sampling_params import SamplingParams
 
 BS = 4
 

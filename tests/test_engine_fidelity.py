@@ -15,7 +15,7 @@ from native_variants import VARIANTS
 from tiny_models import BASE_FAMILIES
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MAX_NEW = 12
 BLOCK = 4  # small blocks so short prompts span many blocks and hits are exercised

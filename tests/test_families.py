@@ -15,7 +15,7 @@ from fidelity import HFReference, compare
 from tiny_families import NEW_FAMILIES, PHI3_ORIGINAL_CONTEXT
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MAX_NEW = 12
 SHARED = 48  # three blocks of 16, one and a half of 32: longer than every sliding window
@@ -139,8 +139,8 @@ def test_registered_and_listed(tiny_models):
 
     from click.testing import CliRunner
 
+    from kvcli.checkpoint.config import ModelConfigError
     from kvcli.cli import main
-    from kvcli.model.config import ModelConfigError
     from kvcli.model.registry import choose_architecture, supported_architectures
 
     listed = CliRunner().invoke(main, ["models", "--json"])
@@ -266,7 +266,7 @@ def test_phi3_early_longrope_names(tiny_models, spelling):
     """Early Phi-3 configs call LongRoPE "su" or "yarn" (Phi3Config maps both to longrope)."""
     import json
 
-    from kvcli.model.config import parse_model_config
+    from kvcli.checkpoint.config import parse_model_config
 
     raw = json.loads((tiny_models["phi3"] / "config.json").read_text())
     modern = parse_model_config(raw, "config.json", "Phi3ForCausalLM").rope
@@ -284,7 +284,7 @@ def test_unsupported_features_are_refused(tiny_models, tmp_path, name, change, m
     import json
     import shutil
 
-    from kvcli.model.config import ModelConfigError
+    from kvcli.checkpoint.config import ModelConfigError
     from kvcli.model.loader import load_model
 
     model_dir = tmp_path / name

@@ -8,7 +8,8 @@ import pytest
 
 from kvcli.engine.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from kvcli.engine.kv_cache import KVCacheManager
-from kvcli.engine.request import Request, SamplingParams
+from kvcli.engine.request import Request
+from kvcli.sampling_params import SamplingParams
 
 
 def make_request(rid: str, tokens: list[int], salt: str | None = None, bs: int = 16) -> Request:

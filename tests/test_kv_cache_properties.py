@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcli.engine.kv_cache import KVCacheManager
-from kvcli.engine.request import Request, SamplingParams
+from kvcli.engine.request import Request
 from kvcli.hashing import hash_token_blocks
+from kvcli.sampling_params import SamplingParams
 
 BS = 4
 # Prompts share prefixes of these bases, so hits, duplicates and evictions all happen.

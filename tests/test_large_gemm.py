@@ -15,8 +15,8 @@ import torch
 from fidelity import HFReference, compare
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
 from kvcli.model import large_gemm, layers
+from kvcli.sampling_params import SamplingParams
 
 LIBRARIES = [lib for lib in large_gemm.CHOICES
              if lib == "mkl" or torch.backends.mkldnn.is_available()]

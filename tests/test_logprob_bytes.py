@@ -14,7 +14,7 @@ import pytest
 from kvcli.batch.output import ResultFormatter
 from kvcli.batch.records import LineId, LineRequest, PromptSpec, Style
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 from kvcli.tokenizer import Tokenizer
 
 

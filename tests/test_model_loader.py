@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from kvcli.checkpoint.config import ModelConfigError
 from kvcli.model.attention import (
     allocate_kv_cache,
     build_attention_metadata,
     kv_cache_bytes_per_block,
 )
-from kvcli.model.config import ModelConfigError
 from kvcli.model.loader import ModelLoadError, load_model, read_eos_token_ids, read_model_config
 from kvcli.model.registry import supported_architectures
 

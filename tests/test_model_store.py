@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvcli.checkpoint import integrity, resolve
+from kvcli.checkpoint.convert import MARKER, read_record
+from kvcli.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelResolveError, list_models
 from kvcli.cli import main
 from kvcli.engine.llm_engine import NONFINITE_LOGITS
-from kvcli.model import integrity, resolve
-from kvcli.model.convert import MARKER, read_record
-from kvcli.model.resolve import DEFAULT_MODEL_NAME, ModelResolveError, list_models, resolve_model
+from kvcli.model.gguf_convert import resolve_model
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from kvcli.checkpoint import resolve
 from kvcli.cli import main
-from kvcli.model import resolve
 
 
 def test_models_lists_default_and_explains_model_option(kvcli_home: Path, monkeypatch) -> None:

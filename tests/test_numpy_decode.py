@@ -7,7 +7,7 @@ import torch
 from fidelity import HFReference, compare
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-gqa"])

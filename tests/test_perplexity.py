@@ -35,7 +35,7 @@ from kvcli.bench.perplexity import (
 from kvcli.cli import main
 from kvcli.engine.llm import LLM
 from kvcli.engine.llm_engine import EngineConfig, LLMEngine
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 TEXT_FILE = Path(__file__).parent / "data" / "perplexity" / "text.txt"
 CONTEXT = 64

@@ -1,5 +1,5 @@
 """``--quantization gguf`` runs a GGUF never converted: config and tokenizer come from the file
-(kvcli/model/quant/gguf_meta.py, derived once into $KVCLI_HOME/gguf), the weights are the file's
+(kvcli/checkpoint/gguf_meta.py, derived once into $KVCLI_HOME/gguf), the weights are the file's
 own tensors. It must give what the converted path gives, bit for bit, without converting."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import torch
 from click.testing import CliRunner
 from test_quant_model import _greedy, quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture
 
+from kvcli.checkpoint import gguf_meta
 from kvcli.cli import main
 from kvcli.kvstore.fingerprint import weights_digest
+from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.kv_pool import _populate, zeroed_cpu_tensor
-from kvcli.model.quant import gguf_meta, load_quantized
-from kvcli.model.resolve import resolve_model
+from kvcli.model.quant.load import load_quantized
 
 COMPANIONS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "chat_template.jinja")

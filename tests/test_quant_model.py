@@ -20,13 +20,15 @@ import torch
 from click.testing import CliRunner
 from tiny_models import make_tiny_gguf
 
+from kvcli.checkpoint.quant_modes import available_modes
 from kvcli.cli import main
 from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
+from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.loader import load_model
-from kvcli.model.quant import QuantError, available_modes, load_quantized
+from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_file import read_gguf
+from kvcli.model.quant.load import load_quantized
 from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
-from kvcli.model.resolve import resolve_model
 
 BLOCK = 16
 

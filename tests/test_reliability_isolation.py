@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from kvcli.cli import main
 from kvcli.engine.llm_engine import EngineConfig, LLMEngine
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 KVCLI = Path(__file__).resolve().parents[1] / "kvcli"
 PROMPT = list(range(10, 60))  # 50 tokens: 3 full blocks of 16 (+2)

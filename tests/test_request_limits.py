@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kvcli.cli import main
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 HUGE = "1267650600228229401496703205376"  # 2**100
 INT64 = "[-9223372036854775808, 9223372036854775807]"

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kvcli.model import convert, resolve
-from kvcli.model.resolve import (
+from kvcli.checkpoint import resolve
+from kvcli.checkpoint.resolve import (
     DEFAULT_MODEL_NAME,
     ModelResolveError,
     gguf_cache_dir,
     list_models,
-    resolve_model,
 )
+from kvcli.model import gguf_convert
+from kvcli.model.gguf_convert import resolve_model
 from kvcli.tokenizer import Tokenizer
 
 
@@ -100,7 +101,7 @@ def test_gguf_converts_once_to_the_same_model(
     def fail(*_args: object) -> None:
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr(convert, "_write_hf_checkpoint", fail)
+    monkeypatch.setattr(gguf_convert, "write_hf_checkpoint", fail)
     assert resolve_model(str(gguf_path)) == converted  # reused
 
 
@@ -114,13 +115,13 @@ def test_gguf_cache_key_follows_mtime(tiny_models, tmp_path: Path) -> None:
 
 def test_failed_conversion_leaves_nothing(tiny_models, kvcli_home: Path, monkeypatch) -> None:
     gguf_path = tiny_models.gguf("llama")
-    real = convert._write_hf_checkpoint
+    real = gguf_convert.write_hf_checkpoint
 
     def write_then_fail(source: Path, out: Path) -> None:
         real(source, out)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(convert, "_write_hf_checkpoint", write_then_fail)
+    monkeypatch.setattr(gguf_convert, "write_hf_checkpoint", write_then_fail)
     with pytest.raises(RuntimeError, match="disk full"):
         resolve_model(str(gguf_path))
     assert list((kvcli_home / "models").iterdir()) == []
@@ -129,13 +130,13 @@ def test_failed_conversion_leaves_nothing(tiny_models, kvcli_home: Path, monkeyp
 def test_chat_template_recovered_from_gguf_metadata(
     tiny_models, kvcli_home: Path, monkeypatch
 ) -> None:
-    real = convert._write_hf_checkpoint
+    real = gguf_convert.write_hf_checkpoint
 
     def write_without_template(source: Path, out: Path) -> None:
         real(source, out)
         (out / "chat_template.jinja").unlink()
 
-    monkeypatch.setattr(convert, "_write_hf_checkpoint", write_without_template)
+    monkeypatch.setattr(gguf_convert, "write_hf_checkpoint", write_without_template)
     converted = resolve_model(str(tiny_models.gguf("llama")))
     expected = (tiny_models["llama"] / "chat_template.jinja").read_text()
     assert (converted / "chat_template.jinja").read_text() == expected
@@ -144,14 +145,14 @@ def test_chat_template_recovered_from_gguf_metadata(
 _KILLED_CONVERSION = """
 import sys, time
 from pathlib import Path
-from kvcli.model import convert
-real = convert._write_hf_checkpoint
+from kvcli.model import gguf_convert
+real = gguf_convert.write_hf_checkpoint
 def slow(source, out):
     real(source, out)
     print("written", flush=True)
     time.sleep(60)
-convert._write_hf_checkpoint = slow
-from kvcli.model.resolve import resolve_model
+gguf_convert.write_hf_checkpoint = slow
+from kvcli.model.gguf_convert import resolve_model
 resolve_model(sys.argv[1])
 """
 

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 from kvcli.engine.kv_cache import KVCacheManager
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
+from kvcli.sampling_params import SamplingParams
 
 BS = 4
 

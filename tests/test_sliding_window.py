@@ -11,8 +11,9 @@ import math
 import pytest
 
 from kvcli.engine.kv_cache import NULL_BLOCK, KVCacheManager
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
+from kvcli.sampling_params import SamplingParams
 
 BS = 16
 

@@ -18,8 +18,8 @@ from fidelity import HFReference, compare
 from test_families import SETTINGS, SHARED, SteppedReference, make_llm, make_prompts
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
 from kvcli.engine.sliding_window import NULL_BLOCK
+from kvcli.sampling_params import SamplingParams
 
 MAX_NEW = 12
 

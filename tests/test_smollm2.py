@@ -6,7 +6,7 @@ import pytest
 from fidelity import HFReference, compare
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 

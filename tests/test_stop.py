@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.stop import check_stop, final_text
+from kvcli.sampling_params import SamplingParams
 
 VOCAB = {i: chr(ord("a") + i) for i in range(26)} | {26: " ", 27: "EN", 28: "D", 29: "!"}
 

@@ -12,7 +12,7 @@ from test_batch_parse import chat_line, fails, ok
 
 from kvcli.batch.parse import ParseOptions
 from kvcli.cli import main
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MSGS = [{"role": "system", "content": "Extract the ticket."},
         {"role": "user", "content": "My order 123 never arrived, urgent!"}]

@@ -12,8 +12,9 @@ import torch
 from structured_reference import ConstrainedReference
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import Request, SamplingParams
+from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler
+from kvcli.sampling_params import SamplingParams
 from kvcli.structured import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},

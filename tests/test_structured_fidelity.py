@@ -16,7 +16,7 @@ import pytest
 from structured_reference import ConstrainedReference
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 from kvcli.structured import StructuredOutputsParams
 
 MAX_NEW = 40

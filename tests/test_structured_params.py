@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 from kvcli.structured import StructuredOutputsParams, response_format_to_params
 from kvcli.structured.schema_check import FORMATS
 

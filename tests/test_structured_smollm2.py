@@ -10,7 +10,7 @@ import pytest
 from structured_reference import ConstrainedReference
 
 from kvcli.engine.llm import LLM
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 from kvcli.structured import StructuredOutputsParams
 
 SCHEMA = {"type": "object", "additionalProperties": False,

@@ -99,7 +99,7 @@ def test_constrained_calls_equal_transformers(hermes_model, fmt, choice):
     from structured_reference import ConstrainedReference
 
     from kvcli.engine.llm import LLM
-    from kvcli.engine.request import SamplingParams
+    from kvcli.sampling_params import SamplingParams
 
     llm = LLM(str(hermes_model), block_size=4)
     so = tool_constraint(TOOLS, choice, fmt, "tool_choice", "tools", parallel=False)
@@ -126,7 +126,7 @@ def test_default_model_required_call_parses_and_validates(default_model_dir, fmt
     """The real default model (whose template ignores tools: the tools go in the system text)
     under a "required" constraint stops with one call that validates."""
     from kvcli.engine.llm import LLM
-    from kvcli.engine.request import SamplingParams
+    from kvcli.sampling_params import SamplingParams
 
     llm = LLM(str(default_model_dir))
     system = "You can call these tools:\n" + json.dumps(TOOLS)

@@ -27,7 +27,7 @@ from kvcli.batch.parse import ParseOptions
 from kvcli.batch.report import Reporter
 from kvcli.batch.source import iter_lines
 from kvcli.batch.writer import ResultWriter
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 
 def jsonl(objs: list[dict]) -> str:

@@ -2,7 +2,7 @@
 
 Bytes follow the engine's KV layout (kvcli/model/attention.py kv_cache_bytes_per_block):
 layers x 2 (K and V) x kv_heads x head_dim x dtype bytes per token, read from the model's
-config.json with the engine's own parser (kvcli/model/config.py, torch-free), so
+config.json with the engine's own parser (kvcli/checkpoint/config.py, torch-free), so
 `--cache-size 1GiB` is the pool `kvcli generate --kv-cache-memory 1GiB` gets.
 """
 
@@ -36,7 +36,7 @@ class SizeError(ValueError):
 
 def model_config(model_dir: Path) -> Any:
     """The model's ModelConfig, read with the engine's own torch-free parser."""
-    from kvcli.model.config import load_config_json, parse_model_config
+    from kvcli.checkpoint.config import load_config_json, parse_model_config
 
     path = model_dir / "config.json"
     raw = load_config_json(path)

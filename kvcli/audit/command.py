@@ -8,7 +8,7 @@ import sys
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
@@ -36,6 +36,9 @@ from kvcli.audit.tokenizers import (
     TokenizerLoadError,
     load_tokenizer,
 )
+
+if TYPE_CHECKING:
+    from kvcli.checkpoint.convert import TensorWriter
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -65,6 +68,8 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    # A GGUF --model's conversion step (torch): the command passes it, the audit never imports it.
+    write_tensors: TensorWriter | None = None
 
 
 class StopAudit(Exception):
@@ -114,7 +119,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     except ValueError as err:
         raise InputError(str(err)) from err
     paths = check_paths(opts.paths) if not opts.diff else []
-    tokenizer = load_tokenizer(opts.encoding, opts.model)
+    tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
     problems: list[InputProblem] = []
 
     def on_problem(problem: InputProblem) -> None:

@@ -24,15 +24,15 @@ def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
     from kvcli.kvstore.directory import open_cache_dir
     from kvcli.kvstore.fingerprint import model_fingerprint
     from kvcli.kvstore.store import ModelStore
-    from kvcli.model.resolve import kvcli_home
+    from kvcli.paths import file_digests_dir
 
     root = open_cache_dir(cache_dir, create=False)
     if quantization == "gguf":  # generate runs a GGUF spec from its own directory (no conversion)
-        from kvcli.model.resolve import resolve_model
+        from kvcli.checkpoint.resolve import resolve_model
 
         model_dir = resolve_model(label or None, quiet=True, quantization="gguf")
     fingerprint = model_fingerprint(model_config(model_dir), model_dir, dtype, device_type,
-                                    block_size, label, kvcli_home() / "file-digests", quantization)
+                                    block_size, label, file_digests_dir(), quantization)
     return ModelStore(root, fingerprint.digest(), fingerprint.describe())
 
 

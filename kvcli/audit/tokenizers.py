@@ -15,10 +15,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvcli.audit.encodings import ENCODINGS, EncodingSpec
 from kvcli.audit.prefix_index import common_prefix_length
+
+if TYPE_CHECKING:
+    from kvcli.checkpoint.convert import TensorWriter
 
 DEFAULT_ENCODING = "o200k_base"
 
@@ -148,13 +151,14 @@ class ModelTokenizer:
         self.directory = directory  # the model's files (config.json: the KV layout)
 
     @classmethod
-    def from_spec(cls, spec: str) -> ModelTokenizer:
+    def from_spec(cls, spec: str, write_tensors: TensorWriter | None = None) -> ModelTokenizer:
+        """``write_tensors``: a GGUF conversion's torch step, for a GGUF not yet converted."""
         # Imported here: only --model needs them (and they pull in jinja2 and tokenizers).
-        from kvcli.model.resolve import resolve_model
+        from kvcli.checkpoint.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
         try:
-            directory = resolve_model(spec)
+            directory = resolve_model(spec, write_tensors=write_tensors)
             return cls(Tokenizer.from_dir(directory), f"model:{spec}", Path(directory))
         except (OSError, ValueError, RuntimeError) as err:
             message = str(err)  # the resolver's errors already name the flag
@@ -183,6 +187,7 @@ class ModelTokenizer:
         return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
 
 
-def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None) -> AuditTokenizer:
-    return ModelTokenizer.from_spec(model) if model else TiktokenTokenizer(encoding)
+def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None,
+                   write_tensors: TensorWriter | None = None) -> AuditTokenizer:
+    return ModelTokenizer.from_spec(model, write_tensors) if model else TiktokenTokenizer(encoding)
 

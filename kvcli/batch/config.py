@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

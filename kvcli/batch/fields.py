@@ -10,8 +10,8 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from kvcli.engine.request import SamplingParams
 from kvcli.inputs import LineError
+from kvcli.sampling_params import SamplingParams
 
 
 def build_params(defaults: SamplingParams, overrides: dict[str, Any], key: str, run_seed: int,

@@ -30,8 +30,8 @@ from kvcli.batch.signals import StopSignal
 from kvcli.batch.source import RawLine
 from kvcli.batch.summary import FAILED, RunCounters, Tally
 from kvcli.batch.writer import ResultWriter
-from kvcli.engine.request import SamplingParams
 from kvcli.numbers import plural
+from kvcli.sampling_params import SamplingParams
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE = 0, 1, 2, 141
 

@@ -17,11 +17,11 @@ import orjson
 from kvcli.batch.fields import build_params
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
-from kvcli.engine.request import SamplingParams
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
 from kvcli.inputs.errors import show_value
 from kvcli.inputs.fields import line_id
 from kvcli.inputs.openai import CHAT_URL, COMPLETIONS_URL, RESPONSES_URL
+from kvcli.sampling_params import SamplingParams
 from kvcli.structured import line_constraint
 from kvcli.structured.tools import check_tool_choice, tool_constraint
 

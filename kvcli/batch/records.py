@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kvcli.engine.request import SamplingParams
 from kvcli.inputs import LineError, clip
 from kvcli.inputs import Prompt as PromptSpec
+from kvcli.sampling_params import SamplingParams
 
 __all__ = ["FailedLine", "LineError", "LineId", "LineRequest", "PromptSpec", "RejectedRequest",
            "Style", "clip"]

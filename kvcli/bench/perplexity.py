@@ -20,7 +20,7 @@ from typing import Any
 
 from kvcli.engine.llm import LLM
 from kvcli.engine.llm_engine import LLMEngine
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 MIN_CONTEXT = 4  # a window must score at least one token with half a window before it
 

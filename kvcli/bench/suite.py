@@ -129,7 +129,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None]) -> dict[str, An
     """The report: one workload's document, or {"runs": [...]} for several."""
     import torch
 
-    from kvcli.model.resolve import resolve_model
+    from kvcli.model.gguf_convert import resolve_model
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -151,7 +151,7 @@ def _run_workloads(cfg: BenchConfig, systems: list[Any], model_dir: Path,
     from kvcli.bench.measure import machine_info
     from kvcli.bench.runner import check_fits, run_workload
     from kvcli.bench.workloads import build_workload
-    from kvcli.model.resolve import DEFAULT_MODEL_NAME
+    from kvcli.checkpoint.resolve import DEFAULT_MODEL_NAME
 
     kvcli = systems[0]
     docs = []

@@ -99,7 +99,7 @@ class KvcliSystem:
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
         from kvcli.engine.llm import LLM
-        from kvcli.engine.request import SamplingParams
+        from kvcli.sampling_params import SamplingParams
 
         start = time.monotonic()
         self.prepare(prompts, max_new_tokens)  # a no-op when the bench prepared the workload

@@ -6,6 +6,8 @@ Only click and the standard library are imported here; the audit itself
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 PROFILE_NAMES = ("kvcli", "vllm", "sglang", "llamacpp", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
@@ -162,4 +164,11 @@ def audit(ctx: click.Context, **options: object) -> None:
     """
     from kvcli.audit.command import AuditOptions, run_audit
 
-    ctx.exit(run_audit(AuditOptions(**options)))  # type: ignore[arg-type]
+    ctx.exit(run_audit(AuditOptions(**options, write_tensors=_write_tensors)))  # type: ignore[arg-type]
+
+
+def _write_tensors(gguf_path: Path, out: Path) -> None:
+    """A GGUF --model not yet converted is converted as generate would (the one torch step)."""
+    from kvcli.model.gguf_convert import write_hf_checkpoint
+
+    write_hf_checkpoint(gguf_path, out)

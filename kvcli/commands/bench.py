@@ -101,7 +101,7 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
 def _run(cfg: Any, quiet: bool) -> dict[str, Any]:
     from kvcli.bench.suite import run_bench
     from kvcli.bench.workloads import BenchConfigError
-    from kvcli.model.resolve import ModelResolveError
+    from kvcli.checkpoint.resolve import ModelResolveError
 
     def progress(message: str) -> None:
         if not quiet:

@@ -225,7 +225,7 @@ def _run_on_ray(cfg: Any, opts: dict[str, Any]) -> int:
 
 
 def _sampling_defaults(opts: dict[str, Any]) -> Any:
-    from kvcli.engine.request import SamplingParams
+    from kvcli.sampling_params import SamplingParams
 
     params = SamplingParams(
         max_tokens=opts["max_tokens"], temperature=opts["temperature"], top_p=opts["top_p"],

@@ -32,7 +32,7 @@ def _quantization(info: Any) -> list[str]:
     """--quantization modes for the model: gguf where a GGUF file is behind it (kvcli/model/quant)."""
     from pathlib import Path
 
-    from kvcli.model.quant import available_modes
+    from kvcli.checkpoint.quant_modes import available_modes
 
     source = Path(info.source) if info.source and info.source.endswith(".gguf") else None
     return available_modes(Path(info.path) if info.path else None, source)
@@ -62,8 +62,9 @@ def models(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    from kvcli.checkpoint.resolve import SPEC_HELP, list_models
     from kvcli.model.registry import supported_architectures
-    from kvcli.model.resolve import SPEC_HELP, kvcli_home, list_models
+    from kvcli.paths import kvcli_home
 
     infos = list_models()
     if as_json:
@@ -84,7 +85,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No conversion or download progress.")
 def convert(spec: str | None, allow_pickle: bool, quiet: bool) -> None:
     """Resolve SPEC (default: smollm2-135m), converting a GGUF once; print its directory."""
-    from kvcli.model.resolve import ModelResolveError, resolve_model
+    from kvcli.checkpoint.resolve import ModelResolveError
+    from kvcli.model.gguf_convert import resolve_model
 
     try:
         path = resolve_model(spec, allow_pickle=allow_pickle, quiet=quiet)

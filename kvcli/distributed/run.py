@@ -80,7 +80,7 @@ def build_pool(cfg: GenerateConfig, opts: RayOptions, cluster: Cluster,
 
 def _load_tokenizer(cfg: GenerateConfig) -> Any:
     """The model's tokenizer, on the driver (raises ValueError/OSError: "cannot load model")."""
-    from kvcli.model.resolve import resolve_model
+    from kvcli.model.gguf_convert import resolve_model
     from kvcli.tokenizer import Tokenizer
 
     model_dir = resolve_model(cfg.engine.get("model"),

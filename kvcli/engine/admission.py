@@ -6,8 +6,8 @@ into that line's error naming the field.
 
 from __future__ import annotations
 
-from kvcli.engine.request import SamplingParams
 from kvcli.numbers import plural
+from kvcli.sampling_params import SamplingParams
 
 
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int,

@@ -128,11 +128,11 @@ def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir:
                    kv: torch.Tensor, block_size: int, label: str,
                    quantization: str | None = None) -> DiskKVTier:
     """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
-    from kvcli.model.resolve import kvcli_home
+    from kvcli.paths import file_digests_dir
 
     fingerprint = model_fingerprint(model.config, model_dir, str(kv.dtype).removeprefix("torch."),
                                     kv.device.type, block_size, label,
-                                    kvcli_home() / "file-digests", quantization)
+                                    file_digests_dir(), quantization)
     store = open_model_store(cache_dir, fingerprint)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)
 

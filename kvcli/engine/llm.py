@@ -8,7 +8,7 @@ from typing import Any
 
 from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 from kvcli.engine.outputs import RequestOutput
-from kvcli.engine.request import SamplingParams
+from kvcli.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
 

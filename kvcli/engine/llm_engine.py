@@ -20,10 +20,11 @@ from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
-from kvcli.engine.request import Request, RequestStatus, SamplingParams
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
 from kvcli.engine.stop import check_stop, final_text, reported_stop_reason
+from kvcli.sampling_params import SamplingParams
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
@@ -85,8 +86,8 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
+        from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
-        from kvcli.model.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
@@ -96,7 +97,7 @@ class LLMEngine:
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
         if config.quantization:
-            from kvcli.model.quant import load_quantized
+            from kvcli.model.quant.load import load_quantized
 
             model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
                                    config.device, config.allow_pickle)
@@ -141,7 +142,7 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         if self.structured is None:
-            from kvcli.structured.decoding import StructuredDecoding
+            from kvcli.engine.structured_decoding import StructuredDecoding
 
             self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
                                                  self.eos_token_ids)

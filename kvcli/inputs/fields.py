@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from kvcli.engine.request import SamplingParams  # torch-free
 from kvcli.inputs.errors import LineError, show_value, type_name
+from kvcli.sampling_params import SamplingParams
 
 #: Every SamplingParams field may be set per line (plain lines and OpenAI bodies alike).
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams))

@@ -57,7 +57,7 @@ class ModelFingerprint:
 def model_fingerprint(cfg: Any, model_dir: Path, dtype: str, device_type: str, block_size: int,
                       label: str = "", digest_cache: Path | None = None,
                       quantization: str | None = None) -> ModelFingerprint:
-    """The fingerprint of a model from its ``ModelConfig`` (kvcli/model/config.py, torch-free),
+    """The fingerprint of a model from its ``ModelConfig`` (kvcli/checkpoint/config.py, torch-free),
     so the engine and a torch-free caller (the audit) compute the same key."""
     return ModelFingerprint(
         weights_sha256=weights_digest(model_dir, digest_cache), architecture=cfg.architecture,

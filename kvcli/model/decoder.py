@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model import native
 from kvcli.model.attention import Attention, AttentionMetadata, TorchSDPAAttention
-from kvcli.model.config import ModelConfig
 from kvcli.model.layers import Embedding, Linear, RMSNorm, apply_rotary, gated_activation
 
 Device = torch.device | str

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfig, ModelConfigError, RopeConfig, parse_rope
 from kvcli.model import native
 from kvcli.model.attention import Attention
-from kvcli.model.config import ModelConfig, ModelConfigError, RopeConfig, parse_rope
 from kvcli.model.decoder import AttentionSpec, LayerSpec
 from kvcli.model.layers import RMSNorm, RotaryEmbedding
 from kvcli.model.llama import Device, LlamaForCausalLM

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvcli.model.config import ModelConfig
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.decoder import AttentionSpec, LayerSpec
 from kvcli.model.llama import LlamaForCausalLM
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfigError, RopeConfig
 from kvcli.model import large_gemm, native
-from kvcli.model.config import ModelConfigError, RopeConfig
 
 #: CPU float32 matmuls route by row count: one row through NumPy's OpenBLAS, up to
 #: NATIVE_GEMM_MAX_ROWS through kvcli's own kernel (native/gemm.c), the rest through torch.

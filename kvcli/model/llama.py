@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kvcli.checkpoint.config import ModelConfig, ModelConfigError
 from kvcli.model.attention import Attention, AttentionMetadata
-from kvcli.model.config import ModelConfig, ModelConfigError
 from kvcli.model.decoder import (
     AttentionSpec,
     DecoderAttention,

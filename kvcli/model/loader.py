@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kvcli.model.config import ModelConfig, load_config_json, parse_model_config, read_field
+from kvcli.checkpoint.config import ModelConfig, load_config_json, parse_model_config, read_field
 from kvcli.model.layers import Linear, use_input_major_layout
 from kvcli.model.registry import choose_architecture, model_class, supported_architectures
 
@@ -100,7 +100,7 @@ def checkpoint_tensors(model_dir: Path, allow_pickle: bool = False) -> Iterator[
 
 def _raise_if_converted(model_dir: Path, file: Path, err: Exception) -> None:
     """A damaged file in kvcli's own conversion cache: say which directory to delete."""
-    from kvcli.model.convert import MARKER, damaged_hint
+    from kvcli.checkpoint.convert import MARKER, damaged_hint
 
     if (model_dir / MARKER).is_file():
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")

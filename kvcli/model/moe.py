@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvcli.model.config import ModelConfig
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.decoder import GatedMLP, LayerSpec
 from kvcli.model.layers import Linear, gated_activation
 from kvcli.model.llama import Device, MistralForCausalLM

@@ -4,7 +4,7 @@ branch output, before the residual add) instead of before them."""
 
 from __future__ import annotations
 
-from kvcli.model.config import ModelConfig
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.decoder import LayerSpec
 from kvcli.model.llama import LlamaForCausalLM
 

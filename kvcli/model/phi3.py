@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from kvcli.model.config import ModelConfig
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.decoder import AttentionSpec, GatedMLP
 from kvcli.model.layers import RotaryEmbedding, rope_inv_freq
 from kvcli.model.llama import Device, LlamaForCausalLM

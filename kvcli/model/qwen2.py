@@ -3,7 +3,7 @@ sliding-window layers (``use_sliding_window`` with ``layer_types`` or ``max_wind
 
 from __future__ import annotations
 
-from kvcli.model.config import ModelConfig, ModelConfigError
+from kvcli.checkpoint.config import ModelConfig, ModelConfigError
 from kvcli.model.llama import LlamaForCausalLM
 
 

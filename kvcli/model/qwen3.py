@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from kvcli.model.config import ModelConfig
+from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.qwen2 import Qwen2ForCausalLM
 
 

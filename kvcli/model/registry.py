@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kvcli.model.config import ModelConfigError
+from kvcli.checkpoint.config import ModelConfigError
 
 # SmolLM / SmolLM2, TinyLlama, Llama 2/3/3.x all ship as LlamaForCausalLM.
 _ARCHITECTURES: dict[str, tuple[str, str]] = {

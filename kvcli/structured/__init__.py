@@ -1,8 +1,9 @@
 """Structured outputs: grammar-constrained decoding (JSON Schema, regex, choice, EBNF grammar).
 
-Only the torch-free request side is imported here (:class:`StructuredOutputsParams`),
-so the batch parser and ``kvcli audit`` can use it without loading torch or
-xgrammar; the engine side (``kvcli.structured.decoding``) imports xgrammar lazily.
+The whole package is torch-free ground: the request side (:class:`StructuredOutputsParams`,
+imported here, so the batch parser and ``kvcli audit`` use it without loading torch or
+xgrammar), grammar compiling and the validity check. The engine side, which masks logits
+(``kvcli.engine.structured_decoding``), lives in the engine and imports xgrammar lazily.
 """
 
 from kvcli.structured.params import (

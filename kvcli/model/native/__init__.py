@@ -65,14 +65,14 @@ def isa_flags(isa: str) -> tuple[str, ...]:
 
 
 def _build(compiler: str, flags: tuple[str, ...]) -> Path:
-    from kvcli.model.resolve import kvcli_home
+    from kvcli.paths import kernels_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*texts, *flags, *LINK, version, _cpu_flags()])
                          .encode()).hexdigest()[:16]
-    target = kvcli_home() / "kernels" / f"kvcli-kernels-{key}.so"
+    target = kernels_dir() / f"kvcli-kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

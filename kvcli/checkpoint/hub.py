@@ -13,22 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvcli.model.convert import ModelResolveError
-from kvcli.model.progress import ModelProgress
-from kvcli.model.resolve import missing_model_files, validate_model_dir
+from kvcli.checkpoint.convert import ModelResolveError
+from kvcli.checkpoint.model_dir import missing_model_files, validate_model_dir
+from kvcli.checkpoint.progress import ModelProgress
+from kvcli.paths import hub_cache_dir
 
 # What a model directory needs besides weights; the hub download fetches only these.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "additional_chat_templates/*"]
-
-
-def hub_cache_dir() -> Path:
-    # Read at call time: huggingface_hub reads these once, when it is imported.
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            return Path(os.environ[name]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
 
 
 def hub_offline() -> bool:

