@@ -227,8 +227,8 @@ def test_deterministic_ids_make_openai_files_byte_identical(tiny_models, tmp_pat
 
 def test_stop_reason_is_null_for_an_eos_stop_as_in_vllm() -> None:
     from kvcli.engine.request import Request
-    from kvcli.sampling_params import SamplingParams
     from kvcli.engine.stop import reported_stop_reason
+    from kvcli.sampling_params import SamplingParams
 
     def stopped(reason, **params) -> object:
         req = Request("r", [1, 2], SamplingParams(**params), eos_token_ids=(2,))
