@@ -171,3 +171,18 @@ def test_sigint_finishes_a_gzip_output_whole(tiny_models, tmp_path) -> None:
     assert proc.returncode == 130, err
     rows = gzip.decompress(out.read_bytes()).splitlines()  # a finished stream: no EOFError
     assert 3 <= len(rows) < 200 and all("text" in json.loads(r) for r in rows)
+
+
+def test_resume_with_a_compressed_input(tiny_models, plain, tmp_path) -> None:
+    """--resume reads only the (plain) output; ids and line numbers are the decompressed
+    input's, so a run cut after 5 results finishes to the uninterrupted file."""
+    model = tiny_models["llama"]
+    packed = tmp_path / "in.jsonl.xz"
+    packed.write_bytes(lzma.compress(plain.read_bytes()))
+    out = tmp_path / "out.jsonl"
+    full = generate(model, str(packed), "-o", str(out))
+    assert full == b""
+    whole = out.read_bytes()
+    out.write_bytes(b"".join(whole.splitlines(keepends=True)[:5]) + b'{"id": "r5", "te')
+    generate(model, str(packed), "-o", str(out), "--resume")
+    assert out.read_bytes() == whole
