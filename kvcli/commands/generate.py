@@ -36,6 +36,14 @@ def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(err)) from None
 
 
+def _names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+           ) -> tuple[str, ...]:
+    names = tuple(n.strip() for v in value for n in v.split(","))
+    if any(not n for n in names):
+        raise click.BadParameter("expected non-empty names, e.g. gpt-4o-mini,my-model")
+    return names
+
+
 _JOB_OPTIONS = [
     click.option("-o", "--output", metavar="FILE",
                  help="Write results here (default: stdout). Refuses to replace a non-empty "
@@ -56,7 +64,15 @@ _JOB_OPTIONS = [
                  help="OpenAI Batch lines get ids derived from custom_id + prompt instead of "
                       "random ones, and created = $SOURCE_DATE_EPOCH (else 0): the same input "
                       "and seeds give byte-identical files."),
-    click.option("--strict", is_flag=True, help="Unknown fields in a line are an error."),
+    click.option("--strict", is_flag=True,
+                 help="A line's unknown field, or a \"model\" other than the loaded one "
+                      "(--served-model-name), is that line's error (vLLM refuses both)."),
+    click.option("--served-model-name", "served_model_names", multiple=True, metavar="NAME",
+                 callback=_names,
+                 help="A name lines may give as \"model\" for the loaded model (repeatable or "
+                      "comma-separated; the first is the name results report). Default: --model."),
+    click.option("--debug", is_flag=True,
+                 help="Print the full traceback when a line fails on an unexpected error."),
     click.option("--fail-fast", is_flag=True, help="Stop at the first failed request."),
     click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
                  help="Requests admitted to the engine (or awaiting output) at once."),
@@ -169,12 +185,13 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
       {"prompt_token_ids": [1, 2, 3]}
       {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}
     Any SamplingParams field (max_tokens, temperature, seed, stop, n, logprobs...) and
-    cache_salt may be set per line; flags give the defaults. A line without an id gets
-    "line-<N>" (its 1-based line number).
+    cache_salt may be set per line; flags give the defaults. A plain line without an id
+    gets "line-<N>" (its 1-based line number); an OpenAI Batch line needs its custom_id.
 
     \b
-    Exit status: 0 all ok, 1 some requests failed, 2 bad usage or unreadable input,
-    130/143 interrupted (SIGINT/SIGTERM; continue with --resume), 141 broken pipe.
+    Exit status: 0 all ok (or no request lines), 1 some requests failed, 2 bad usage or
+    unreadable input, 130/143 interrupted (SIGINT/SIGTERM; continue with --resume),
+    141 broken pipe.
     """
     from kvcli.batch.run import GenerateConfig, run_generate
 
@@ -188,6 +205,7 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
+        served_model_names=opts["served_model_names"], debug=opts["debug"],
     )
     try:
         if opts["ray_address"] is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from kvcli.structured.schema_check import check_json_schema
+from kvcli.structured.schema_check import MAX_DEPTH, check_json_schema
 
 LINE_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # what a line may set
 # + xgrammar's structural tag (vLLM's name too): how tool_choice constrains to calls
@@ -187,8 +187,9 @@ def _check_structural_tag(tag: Any, path: str) -> None:
     """An xgrammar structural tag; every JSON Schema inside it is checked like any other."""
     if not isinstance(tag, dict) or tag.get("type") != "structural_tag":
         raise ValueError(f"{path}: expected an object with \"type\": \"structural_tag\"")
+    # Tool calls wrap their parameters (each checked alone at MAX_DEPTH) in a few more levels.
     for schema in embedded_schemas(tag):
-        check_json_schema(schema, f"{path}.json_schema")
+        check_json_schema(schema, f"{path}.json_schema", MAX_DEPTH + 8)
 
 
 def embedded_schemas(tag: Any) -> list[Any]:

@@ -134,7 +134,7 @@ def _structural_tag(calls: list[dict[str, Any]], fmt: str, parallel: bool) -> di
 def _as_json(text: str) -> Any:
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # also an integer past Python's 4,300-digit limit
         return None
 
 
