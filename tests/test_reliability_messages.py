@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from click.testing import CliRunner
 from test_audit_support import SYSTEM, TOOLS, chat, system, user, write_jsonl
 
 from kvcli.audit.auditor import Summary
@@ -19,6 +20,7 @@ from kvcli.audit.profiles import get_profile
 from kvcli.audit.report_text import summary_lines
 from kvcli.audit.style import Style
 from kvcli.batch.summary import format_summary
+from kvcli.cli import main
 from kvcli.numbers import percent, plural
 
 
@@ -82,8 +84,9 @@ def test_refused_endpoint_lists_exactly_what_generate_accepts(tiny_models, tmp_p
              {"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"input": "x"}}]
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    res = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q")
-    assert res.returncode == 1
+    res = CliRunner().invoke(main, ["generate", str(inp), "--model", str(tiny_models["llama"]),
+                                    "-q"], catch_exceptions=False)
+    assert res.exit_code == 1
     errors = [json.loads(x)["error"]["message"] for x in res.stdout.splitlines()]
     accepted = "kvcli generate accepts /v1/chat/completions and /v1/completions"
     assert all(accepted in m and "supported: " not in m for m in errors), errors
@@ -114,12 +117,13 @@ def _adds_up(stats: dict, out: Path) -> None:
 
 def _generate(tiny_models, inp: Path, out: Path, *extra: str) -> dict:
     stats = out.with_suffix(".stats.json")
-    res = kvcli("generate", str(inp), "-o", str(out), "--model", str(tiny_models["llama"]),
-                "--ignore-eos", "--stats", str(stats), *extra)
-    assert res.returncode == 0, res.stderr
+    res = CliRunner().invoke(main, ["generate", str(inp), "-o", str(out), "--model",
+                                    str(tiny_models["llama"]), "--ignore-eos", "--stats",
+                                    str(stats), *extra], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
     summary = json.loads(stats.read_text())
     _adds_up(summary, out)
-    line = next(x for x in res.stderr.decode().splitlines() if x.startswith("  prefill"))
+    line = next(x for x in res.stderr.splitlines() if x.startswith("  prefill"))
     total = summary["prefill_tokens_computed"] + summary["prefill_tokens_skipped"]
     assert f"= {total:,}: {summary['sequence_prompt_tokens']:,} of the written" in line
     return summary
@@ -209,9 +213,11 @@ SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "openai_batch.jsonl"
 def test_deterministic_ids_make_openai_files_byte_identical(tiny_models, tmp_path) -> None:
     def run(name: str, *flags: str) -> bytes:
         out = tmp_path / name
-        res = kvcli("generate", str(SAMPLE), "--model", str(tiny_models["llama"]), "-o",
-                    str(out), "--ordered", "-q", "--max-tokens", "8", *flags)
-        assert res.returncode == 0, res.stderr
+        res = CliRunner().invoke(main, ["generate", str(SAMPLE), "--model",
+                                        str(tiny_models["llama"]), "-o", str(out), "--ordered",
+                                        "-q", "--max-tokens", "8", *flags],
+                                 catch_exceptions=False)
+        assert res.exit_code == 0, res.stderr
         return out.read_bytes()
 
     a, b = run("a", "--deterministic-ids"), run("b", "--deterministic-ids")
@@ -244,14 +250,18 @@ def test_stop_reason_is_null_for_an_eos_stop_as_in_vllm() -> None:
 def test_context_overflow_names_clamp_max_tokens(tiny_models, tmp_path) -> None:
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"id": "big", "prompt": "hi", "max_tokens": 100000}\n')
-    res = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q")
-    assert res.returncode == 1
+    def run(*flags: str):
+        return CliRunner().invoke(main, ["generate", str(inp), "--model",
+                                         str(tiny_models["llama"]), "-q", *flags],
+                                  catch_exceptions=False)
+
+    res = run()
+    assert res.exit_code == 1
     message = json.loads(res.stdout)["error"]["message"]
     assert message.startswith("max_tokens: 100000 new tokens after the ")
     assert "(--clamp-max-tokens caps it there instead)" in message
-    clamped = kvcli("generate", str(inp), "--model", str(tiny_models["llama"]), "-q",
-                    "--clamp-max-tokens", "--ignore-eos")
-    assert clamped.returncode == 0 and json.loads(clamped.stdout)["finish_reason"] == "length"
+    clamped = run("--clamp-max-tokens", "--ignore-eos")
+    assert clamped.exit_code == 0 and json.loads(clamped.stdout)["finish_reason"] == "length"
 
 
 def test_usage_errors_read_like_every_other_message(tmp_path) -> None:
