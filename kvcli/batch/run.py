@@ -176,14 +176,7 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     show = cfg.progress or sys.stderr.isatty()
     total = _total_lines(cfg) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
-    # The parser leaves max_tokens unset where the line does; the job then fits the default
-    # to the prompt, and only an explicit value can overflow the context.
-    defaults = replace(cfg.sampling, max_tokens=None)
-    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
-    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
-                                   tool_format, cfg.model_names),
-                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug)
+    opts = job_options(cfg, engine, where)
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
                                 cfg.token_ids, deterministic_ids=cfg.deterministic_ids)
     counters = RunCounters()
@@ -200,6 +193,19 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
         _silence_stdout(sink)
         return outcome.exit_code
     return _finish(cfg, engine, outcome)
+
+
+def job_options(cfg: GenerateConfig, engine: Any,
+                where: Callable[[int], str] | None = None) -> JobOptions:
+    """The job's per-line options from the command's flags (generate's, and kvcli serve's)."""
+    # The parser leaves max_tokens unset where the line does; the job then fits the default
+    # to the prompt, and only an explicit value can overflow the context.
+    defaults = replace(cfg.sampling, max_tokens=None)
+    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
+    return JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
+                                   tool_format, cfg.model_names),
+                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug)
 
 
 def _total_lines(cfg: GenerateConfig) -> int | None:
