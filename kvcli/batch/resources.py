@@ -11,8 +11,9 @@ from typing import Any
 DEVICE_TYPES = ("cpu", "cuda")
 
 
-class ResourceError(Exception):
-    """A flag this machine cannot honour: a usage error (exit 2)."""
+class ResourceError(ValueError):
+    """A flag this machine cannot honour: a usage error (exit 2). A ValueError, as every
+    load failure load_engine raises, so its other callers (kvcli serve) need no new case."""
 
 
 def gib(n: int) -> str:

@@ -51,14 +51,11 @@ EngineFactory = Callable[[GenerateConfig], Any]
 
 def load_engine(cfg: GenerateConfig) -> Any:
     """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2),
-    a --device or --kv-cache-memory this machine cannot meet BatchUsageError naming the flag."""
+    a --device or --kv-cache-memory this machine cannot meet ResourceError naming the flag."""
     from safetensors import SafetensorError
 
     EngineConfig, LLMEngine = _engine_classes()
-    try:
-        check_engine_options(cfg.engine)
-    except ResourceError as err:
-        raise BatchUsageError(str(err)) from None
+    check_engine_options(cfg.engine)
     try:
         return LLMEngine.from_config(EngineConfig(**cfg.engine))
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, MemoryError,
@@ -132,6 +129,8 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
         resume = resume_state(cfg)
         try:
             engine = engine_factory(cfg)
+        except ResourceError as err:  # the model is fine: the flag is the cause
+            raise BatchUsageError(str(err)) from None
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
