@@ -36,6 +36,7 @@ from kvcli.audit.tokenizers import (
     TokenizerLoadError,
     load_tokenizer,
 )
+from kvcli.audit.trace_command import run_trace
 
 if TYPE_CHECKING:
     from kvcli.checkpoint.convert import TensorWriter
@@ -68,6 +69,8 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    trace_block_size: int | None = None  # the input is a hash-id trace with blocks of this size
+    trace_time_unit: str = "ms"
     # A GGUF --model's conversion step (torch): the command passes it, the audit never imports it.
     write_tensors: TensorWriter | None = None
 
@@ -97,7 +100,7 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         _error("- (stdin) can be given only once")
         return EXIT_USAGE
     try:
-        return _run(opts, stdin, out)
+        return run_trace(opts, stdin, out) if opts.trace_block_size else _run(opts, stdin, out)
     except (InputError, TokenizerLoadError) as err:
         _error(str(err))
         return EXIT_USAGE

@@ -137,6 +137,21 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--trace-block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="PATH is a hash-id trace ({timestamp, input_length, output_length, hash_ids} lines, one id per "
+    "N-token block: Mooncake 512, Alibaba Bailian 16): replay it through the same cache models.",
+)
+@click.option(
+    "--trace-time-unit",
+    type=click.Choice(("ms", "s")),
+    default="ms",
+    show_default=True,
+    help="The trace's timestamp unit (Mooncake: ms since the first request).",
+)
+@click.option(
     "--write-baseline",
     metavar="FILE",
     default=None,
