@@ -8,14 +8,15 @@ import sys
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.baseline import BaselineObserver
-from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
-from kvcli.audit.disk import open_disk_hits
+from kvcli.audit.capacity import CapacityReport
+from kvcli.audit.configure import cache_options, disk_hits
+from kvcli.audit.fix_command import run_fix
 from kvcli.audit.ordering import advice_size, advise
 from kvcli.audit.profiles import get_profile
 from kvcli.audit.reading import diff_requests, relabel, requests
@@ -30,12 +31,7 @@ from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
 from kvcli.audit.report_timing import timing_dict, timing_lines
 from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
-from kvcli.audit.tokenizers import (
-    AuditTokenizer,
-    ModelTokenizer,
-    TokenizerLoadError,
-    load_tokenizer,
-)
+from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
 from kvcli.audit.trace_command import run_trace
 
 if TYPE_CHECKING:
@@ -69,6 +65,8 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
+    fix_rules: str | None = None
     trace_block_size: int | None = None  # the input is a hash-id trace with blocks of this size
     trace_time_unit: str = "ms"
     # A GGUF --model's conversion step (torch): the command passes it, the audit never imports it.
@@ -100,7 +98,9 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         _error("- (stdin) can be given only once")
         return EXIT_USAGE
     try:
-        return run_trace(opts, stdin, out) if opts.trace_block_size else _run(opts, stdin, out)
+        if opts.trace_block_size:
+            return run_trace(opts, stdin, out)
+        return run_fix(opts, out) if opts.fix else _run(opts, stdin, out)
     except (InputError, TokenizerLoadError) as err:
         _error(str(err))
         return EXIT_USAGE
@@ -135,8 +135,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     config.capacity = not opts.diff
     config.ttl = opts.cache_ttl
-    _cache_options(opts, config, tokenizer)
-    config.disk = _disk_hits(opts, config, tokenizer)
+    cache_options(opts, config, tokenizer)
+    config.disk = disk_hits(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
     if baseline is not None:
@@ -168,40 +168,6 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline)
     status = _exit_status(findings, opts.fail_on)
     return EXIT_FINDINGS if baseline is not None and baseline.moved else status
-
-
-def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> None:
-    """--cache-size (tokens, blocks, or bytes of the model's KV layout) and --concurrency."""
-    if opts.concurrency is not None and opts.cache_size is None:
-        raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
-    if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
-        config.token_bytes = bytes_per_token(tokenizer.directory)
-    if opts.cache_size is None:
-        return
-    if config.profile.hit_model != "blocks":
-        how = {"breakpoints": "reads at breakpoints", "tokens": "caches tokens in a radix tree",
-               "slots": "keeps one prompt per slot"}[config.profile.hit_model]
-        raise InputError(f"--cache-size: the {config.profile.name} profile {how}, not from a block pool")
-    try:
-        config.cache_blocks = parse_size(opts.cache_size, config.profile.block_size, config.token_bytes)
-    except SizeError as err:
-        raise InputError(str(err)) from err
-    config.concurrency = opts.concurrency or 1
-
-
-def _disk_hits(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> Any:
-    """--kv-cache-dir: what a persistent KV cache (kvcli generate --kv-cache-dir) already holds."""
-    if opts.kv_cache_dir is None:
-        return None
-    if not isinstance(tokenizer, ModelTokenizer) or tokenizer.directory is None:
-        raise InputError("--kv-cache-dir: give --model too (blocks on disk are keyed by the model)")
-    if config.profile.hit_model != "blocks":
-        raise InputError(f"--kv-cache-dir: the {config.profile.name} profile has no block pool")
-    try:
-        return open_disk_hits(opts.kv_cache_dir, tokenizer.directory, config.profile.block_size,
-                              opts.model or "", opts.quantization)
-    except (OSError, ValueError) as err:
-        raise InputError(f"--kv-cache-dir {opts.kv_cache_dir}: {err}") from err
 
 
 def _why_none(problems: list[InputProblem]) -> str:

@@ -14,16 +14,18 @@ from kvcli.audit.timing import TimeFieldError, request_time
 
 def requests(paths: list[str], stdin: IO[bytes] | None, time_field: str | None = None) -> Iterator[PromptRequest | InputProblem]:
     for item in iter_records(paths, stdin):
-        if not isinstance(item, RawRecord):
-            yield item
-            continue
-        request = to_request(item.value, item.where, item.is_text)
-        if isinstance(request, PromptRequest) and not item.is_text:
-            try:
-                request.time = request_time(item.value, time_field)
-            except TimeFieldError as err:
-                request = InputProblem(item.where, str(err))
-        yield request
+        yield request_of(item, time_field) if isinstance(item, RawRecord) else item
+
+
+def request_of(item: RawRecord, time_field: str | None = None) -> PromptRequest | InputProblem:
+    """One record as a request, with its time."""
+    request = to_request(item.value, item.where, item.is_text)
+    if isinstance(request, PromptRequest) and not item.is_text:
+        try:
+            request.time = request_time(item.value, time_field)
+        except TimeFieldError as err:
+            request = InputProblem(item.where, str(err))
+    return request
 
 
 Problem = Callable[[InputProblem], None]

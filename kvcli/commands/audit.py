@@ -137,6 +137,20 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--fix",
+    metavar="OUT",
+    default=None,
+    help="Write PATH (one JSONL file) to OUT with the fixes that keep the meaning (--fix-rules), each "
+    "re-simulated and kept only when the replay gets no worse; lists every change by line and field.",
+)
+@click.option(
+    "--fix-rules",
+    metavar="RULES",
+    default=None,
+    help="Comma-separated: json, tools, whitespace (the default: canonicalisations) and volatile "
+    "(opt-in: moves timestamps/ids from the system text to the end of the last message); or all.",
+)
+@click.option(
     "--trace-block-size",
     type=click.IntRange(min=1),
     default=None,
