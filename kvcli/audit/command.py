@@ -33,6 +33,7 @@ from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
 from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
 from kvcli.audit.trace_command import run_trace
+from kvcli.audit.worth import ShareCounter, Worth, worth_dict, worth_lines
 
 if TYPE_CHECKING:
     from kvcli.checkpoint.convert import TensorWriter
@@ -65,6 +66,7 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
     fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
     fix_rules: str | None = None
     trace_block_size: int | None = None  # the input is a hash-id trace with blocks of this size
@@ -139,6 +141,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config.disk = disk_hits(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
+    shares = ShareCounter(profile.block_size, max(profile.block_size, profile.min_tokens_for(None)))
+    auditor.observers.append(shares)
     if baseline is not None:
         auditor.observers.append(baseline)
     picked = diff_requests(opts.paths, opts.diff, stdin, on_problem) if opts.diff else None
@@ -165,7 +169,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return EXIT_USAGE
     if baseline is not None and opts.write_baseline:
         click.echo(f"kvcli audit: {write_baseline(baseline, opts.write_baseline)}", err=True)
-    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline)
+    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline, shares)
     status = _exit_status(findings, opts.fail_on)
     return EXIT_FINDINGS if baseline is not None and baseline.moved else status
 
@@ -187,11 +191,14 @@ def _report(
     problems: list[InputProblem],
     out: IO[bytes],
     baseline: BaselineObserver | None = None,
+    shares: ShareCounter | None = None,
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     # The run-wide reports (a pass over the block tree each): not for --diff or jsonl alone.
     wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
     capacity = _capacity(auditor) if wanted else None
+    bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
+    worth = Worth(summary.tokens, summary.cached_tokens, bounded, opts.prefill_tok_s, shares, auditor.hits)
     groups = auditor.prefix_groups() if wanted else None
     id_of = auditor.ctx.id_of
     if opts.html_path:
@@ -203,7 +210,8 @@ def _report(
     if opts.fmt == "json":
         extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
                   "provider_replay": timing_dict(auditor.hits),
-                  "prefix_groups": groups_dict(groups, id_of) if groups is not None else None}
+                  "prefix_groups": groups_dict(groups, id_of) if groups is not None else None,
+                  "worth": worth_dict(worth) if wanted else None}
         if baseline is not None and baseline.expected is not None:
             extras["baseline"] = baseline_dict(baseline, profile.block_size)
         out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
@@ -218,6 +226,8 @@ def _report(
             sources = {r.index: r.source for r in results}
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += timing_lines(auditor.hits, style)
+            priced = auditor.hits.cost is not None and bool(auditor.hits.cost.models)
+            lines += worth_lines(worth, style) if opts.prefill_tok_s or priced else []
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
             if baseline is not None and baseline.expected is not None:

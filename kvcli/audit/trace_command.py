@@ -15,6 +15,7 @@ from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
 from kvcli.audit.style import Style, plural
 from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 from kvcli.audit.trace import TraceReplay, TraceRequest, parse_trace_line
+from kvcli.audit.worth import TIME_MODEL
 
 if TYPE_CHECKING:
     from kvcli.audit.command import AuditOptions
@@ -93,9 +94,9 @@ def run_trace(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return 2
     capacity = models.report()
     if opts.fmt == "json":
-        out.write(orjson.dumps(trace_dict(replay, capacity, problems), option=orjson.OPT_INDENT_2) + b"\n")
+        out.write(orjson.dumps(trace_dict(replay, capacity, problems, opts.prefill_tok_s), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        out.write(("\n".join(trace_lines(replay, capacity, problems, Style(bool(opts.color)))) + "\n").encode())
+        out.write(("\n".join(trace_lines(replay, capacity, problems, Style(bool(opts.color)), opts.prefill_tok_s)) + "\n").encode())
     out.flush()
     return 0
 
@@ -111,7 +112,7 @@ def _time_sentence(r: TraceReplay) -> str:
     return f"timestamps span {span:,.1f} s{rate}{ttl}{order}"
 
 
-def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style) -> list[str]:
+def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate: float | None = None) -> list[str]:
     p = r.profile
     lines = [
         style(f"kvcli audit: trace of {plural(r.requests, 'request')}", "bold")
@@ -128,13 +129,22 @@ def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style) -> l
     if r.cost is not None:
         lines.append(f"  input cost ≈ {r.cost.relative:.1%} of the same prompts uncached (openai cached-input "
                      f"multiplier, copy of {PRICES_AS_OF}; kvcli/audit/timing.py)")
+    if rate:
+        saved = r.cached_tokens if capacity.bounded is None else capacity.bounded.cached_tokens
+        busy = (f"; {r.tokens / rate / r.span_s:.0%} and {(r.tokens - saved) / rate / r.span_s:.0%} of the trace's "
+                f"{r.span_s:,.0f} s: one prefill engine's load") if r.span_s else ""
+        lines.append(f"  at --prefill-tok-s {rate:,g}: ≈ {r.tokens / rate:,.0f} s of prefill without a cache, "
+                     f"{(r.tokens - saved) / rate:,.0f} s with it" + (" (at --cache-size)" if capacity.bounded else "")
+                     + busy)
+        lines.append(style(f"  an estimate: {TIME_MODEL}", "dim"))
     if problems:
         lines.append(f"  input problems  {problems:>14,}  (see stderr)")
     return lines + capacity_lines(capacity, style)
 
 
-def trace_dict(r: TraceReplay, capacity: Any, problems: int) -> dict[str, Any]:
+def trace_dict(r: TraceReplay, capacity: Any, problems: int, rate: float | None = None) -> dict[str, Any]:
     p = r.profile
+    saved = r.cached_tokens if capacity.bounded is None else capacity.bounded.cached_tokens
     return {
         "trace": {"requests": r.requests, "input_tokens": r.tokens, "output_tokens": r.output_tokens,
                   "distinct_blocks": len(r.index), "span_s": r.span_s, "out_of_order": r.out_of_order,
@@ -145,4 +155,7 @@ def trace_dict(r: TraceReplay, capacity: Any, problems: int) -> dict[str, Any]:
                     "relative_input_cost": r.cost.relative if r.cost is not None else None},
         "capacity": capacity_dict(capacity),
         "input_problems": problems,
+        "worth": {"prefill_tok_s": rate, "saved_tokens": saved, "time_model": TIME_MODEL if rate else None,
+                  "prefill_s_uncached": r.tokens / rate if rate else None,
+                  "prefill_s_cached": (r.tokens - saved) / rate if rate else None},
     }  # fmt: skip

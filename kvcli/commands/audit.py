@@ -137,6 +137,13 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--prefill-tok-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="RATE",
+    help="Prefill tokens per second of the target (an estimate): the report gives the prefill time the cache saves.",
+)
+@click.option(
     "--fix",
     metavar="OUT",
     default=None,
