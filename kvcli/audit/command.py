@@ -33,6 +33,7 @@ from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
 from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
 from kvcli.audit.trace_command import run_trace
+from kvcli.audit.traffic import TrafficCompare, traffic_dict, traffic_lines
 from kvcli.audit.worth import ShareCounter, Worth, worth_dict, worth_lines
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
     shares = ShareCounter(profile.block_size, max(profile.block_size, profile.min_tokens_for(None)))
-    auditor.observers.append(shares)
+    traffic = TrafficCompare(profile.block_size)
+    auditor.observers += [shares, traffic]
     if baseline is not None:
         auditor.observers.append(baseline)
     picked = diff_requests(opts.paths, opts.diff, stdin, on_problem) if opts.diff else None
@@ -169,7 +171,7 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return EXIT_USAGE
     if baseline is not None and opts.write_baseline:
         click.echo(f"kvcli audit: {write_baseline(baseline, opts.write_baseline)}", err=True)
-    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline, shares)
+    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline, (shares, traffic))
     status = _exit_status(findings, opts.fail_on)
     return EXIT_FINDINGS if baseline is not None and baseline.moved else status
 
@@ -191,13 +193,14 @@ def _report(
     problems: list[InputProblem],
     out: IO[bytes],
     baseline: BaselineObserver | None = None,
-    shares: ShareCounter | None = None,
+    observed: tuple[ShareCounter, TrafficCompare] | None = None,
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     # The run-wide reports (a pass over the block tree each): not for --diff or jsonl alone.
     wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
     capacity = _capacity(auditor) if wanted else None
     bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
+    shares, traffic = observed if observed is not None else (None, None)
     worth = Worth(summary.tokens, summary.cached_tokens, bounded, opts.prefill_tok_s, shares, auditor.hits)
     groups = auditor.prefix_groups() if wanted else None
     id_of = auditor.ctx.id_of
@@ -211,7 +214,8 @@ def _report(
         extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
                   "provider_replay": timing_dict(auditor.hits),
                   "prefix_groups": groups_dict(groups, id_of) if groups is not None else None,
-                  "worth": worth_dict(worth) if wanted else None}
+                  "worth": worth_dict(worth) if wanted else None,
+                  "traffic": traffic_dict(traffic) if traffic is not None else None}
         if baseline is not None and baseline.expected is not None:
             extras["baseline"] = baseline_dict(baseline, profile.block_size)
         out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
@@ -228,6 +232,7 @@ def _report(
             lines += timing_lines(auditor.hits, style)
             priced = auditor.hits.cost is not None and bool(auditor.hits.cost.models)
             lines += worth_lines(worth, style) if opts.prefill_tok_s or priced else []
+            lines += traffic_lines(traffic, opts.limit, style) if traffic is not None else []
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
             if baseline is not None and baseline.expected is not None:

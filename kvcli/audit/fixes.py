@@ -51,7 +51,7 @@ class FixContext:
 
 def body_of(value: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The request body of a line (a batch line's `body` or `params`) and its field prefix."""
-    for key in ("body", "params"):
+    for key in ("body", "params", "request"):  # a batch line, or a logged request+response pair
         if isinstance(value.get(key), dict):
             return value[key], key + "."
     return value, ""
