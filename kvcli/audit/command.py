@@ -15,10 +15,9 @@ import click
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.baseline import BaselineObserver
 from kvcli.audit.capacity import CapacityReport
-from kvcli.audit.configure import cache_options, disk_hits
+from kvcli.audit.configure import cache_options, disk_hits, make_profile
 from kvcli.audit.fix_command import run_fix
 from kvcli.audit.ordering import advice_size, advise
-from kvcli.audit.profiles import get_profile
 from kvcli.audit.reading import diff_requests, relabel, requests
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptResult
 from kvcli.audit.report_baseline import baseline_dict, baseline_lines, make_observer, write_baseline
@@ -67,6 +66,7 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    provider_rules: str | None = None  # --provider-rules FILE: per-model minimums and prices
     prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
     fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
     fix_rules: str | None = None
@@ -120,10 +120,7 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
 
 
 def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
-    try:
-        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens, opts.slots)
-    except ValueError as err:
-        raise InputError(str(err)) from err
+    profile = make_profile(opts)
     paths = check_paths(opts.paths) if not opts.diff else []
     tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
     problems: list[InputProblem] = []

@@ -7,11 +7,24 @@ from typing import TYPE_CHECKING, Any
 from kvcli.audit.auditor import AuditConfig
 from kvcli.audit.capacity import SizeError, bytes_per_token, parse_size
 from kvcli.audit.disk import open_disk_hits
+from kvcli.audit.profiles import Profile, get_profile
+from kvcli.audit.provider_rules import load_rules, with_rules
 from kvcli.audit.sources import InputError
 from kvcli.audit.tokenizers import AuditTokenizer, ModelTokenizer
 
 if TYPE_CHECKING:
     from kvcli.audit.command import AuditOptions
+
+
+def make_profile(opts: AuditOptions) -> Profile:
+    """--profile with --provider-rules FILE over its tables, then --block-size/--min-tokens/--slots."""
+    try:
+        profile = get_profile(opts.profile)
+        if opts.provider_rules:
+            profile = with_rules(profile, load_rules(opts.provider_rules))
+        return profile.with_overrides(opts.block_size, opts.min_tokens, opts.slots)
+    except ValueError as err:
+        raise InputError(str(err)) from err
 
 
 def cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> None:

@@ -18,7 +18,7 @@ from kvcli.audit.prefix_index import Match
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import RenderedPrompt
 from kvcli.audit.slots import SlotCache
-from kvcli.audit.timing import LIFETIME_S, Clock, Cost
+from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 
 
 @dataclass(slots=True)
@@ -34,7 +34,9 @@ class HitCounter:
     def make(cls, profile: Profile, ttl: float | None = None,
              disk: Container[bytes] | None = None) -> HitCounter:
         lifetime = ttl if ttl is not None else LIFETIME_S.get(profile.name)
-        cost = Cost(profile.name) if profile.name in ("openai", "anthropic") else None
+        cost = None
+        if profile.name in ("openai", "anthropic"):
+            cost = Cost(profile.name, prices=profile.input_prices, as_of=profile.prices_as_of or PRICES_AS_OF)
         slots = SlotCache(profile.slots) if profile.hit_model == "slots" else None
         return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost, slots,
                    disk)

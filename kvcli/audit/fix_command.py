@@ -12,9 +12,8 @@ import click
 import orjson
 
 from kvcli.audit.auditor import AuditConfig, Auditor
-from kvcli.audit.configure import cache_options
+from kvcli.audit.configure import cache_options, make_profile
 from kvcli.audit.fixes import ALL_RULES, DEFAULT_RULES, Change, FixContext, apply_rule, learn_tools
-from kvcli.audit.profiles import get_profile
 from kvcli.audit.reading import request_of
 from kvcli.audit.records import PromptRequest
 from kvcli.audit.report_fix import fix_dict, fix_lines_text
@@ -108,10 +107,7 @@ def read_lines(path: str) -> list[Line]:
 
 def make_simulator(opts: AuditOptions, name: str) -> Simulate:
     """The audit's own replay, set up once (profile, tokenizer, --cache-size) and run per candidate."""
-    try:
-        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens, opts.slots)
-    except ValueError as err:
-        raise InputError(str(err)) from err
+    profile = make_profile(opts)
     tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
 
     def simulate(lines: list[Line]) -> Replayed:

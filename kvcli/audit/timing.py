@@ -48,9 +48,9 @@ INPUT_USD_PER_MTOK: dict[str, tuple[tuple[str, float], ...]] = {
 }  # fmt: skip
 
 
-def input_price(profile: str, model: str | None) -> float | None:
-    """US$ per input token for `model`, None when the table has no entry for it."""
-    matches = [(len(p), usd) for p, usd in INPUT_USD_PER_MTOK.get(profile, ()) if model and model.startswith(p)]
+def input_price(profile: str, model: str | None, table: tuple[tuple[str, float], ...] = ()) -> float | None:
+    """US$ per input token for `model` (from `table`, else the built-in one), None when not priced."""
+    matches = [(len(p), usd) for p, usd in table or INPUT_USD_PER_MTOK.get(profile, ()) if model and model.startswith(p)]
     return max(matches)[1] / 1e6 if matches else None
 
 
@@ -133,13 +133,15 @@ class Cost:
     usd_cached: float = 0.0  # the same with the cache's reads and writes
     unpriced: int = 0  # requests whose model the price table lacks
     models: set[str] = field(default_factory=set)  # the priced models seen
+    prices: tuple[tuple[str, float], ...] = ()  # --provider-rules' table; () = INPUT_USD_PER_MTOK
+    as_of: str = PRICES_AS_OF
 
     def add(self, model: str | None, tokens: int, cached: int, written: int = 0) -> None:
         read, write = self.multipliers(model)
         units = (tokens - cached - written) + cached * read + written * write
         self.tokens += tokens
         self.units += units
-        price = input_price(self.profile, model)
+        price = input_price(self.profile, model, self.prices)
         if price is None:
             self.unpriced += 1
             return

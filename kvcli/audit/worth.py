@@ -11,7 +11,6 @@ from typing import Any
 from kvcli.audit.counting import HitCounter
 from kvcli.audit.records import PromptResult, RenderedPrompt
 from kvcli.audit.style import Style, plural
-from kvcli.audit.timing import PRICES_AS_OF
 
 TIME_MODEL = ("prefill time taken as linear in the tokens computed, at the rate given; attention's "
               "quadratic part, batching and decode are not in it")
@@ -85,7 +84,7 @@ def dollars_sentence(cost: Any) -> str:
     saved = cost.usd_uncached - cost.usd_cached
     unpriced = f"; {cost.unpriced:,} request(s) of other models not priced" if cost.unpriced else ""
     return (f"input ≈ ${cost.usd_uncached:,.4f} without the cache, ${cost.usd_cached:,.4f} with it "
-            f"(${saved:,.4f} saved) at {', '.join(sorted(cost.models))} list prices of {PRICES_AS_OF} "
+            f"(${saved:,.4f} saved) at {', '.join(sorted(cost.models))} list prices of {cost.as_of} "
             f"(kvcli/audit/timing.py, with sources){unpriced}")
 
 
@@ -99,7 +98,7 @@ def worth_dict(w: Worth) -> dict[str, Any]:
         "prefill_s_bounded": w.seconds(w.tokens - w.bounded) if w.bounded is not None else None,
         "usd": None if cost is None else {"uncached": cost.usd_uncached, "cached": cost.usd_cached,
                                           "models": sorted(cost.models), "unpriced_requests": cost.unpriced,
-                                          "prices_as_of": PRICES_AS_OF},
+                                          "prices_as_of": cost.as_of},
     }  # fmt: skip
     if s is not None:
         out["not_shared"] = s.unshared

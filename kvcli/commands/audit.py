@@ -137,6 +137,13 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--provider-rules",
+    metavar="FILE",
+    default=None,
+    help="JSON of per-model minimum cacheable tokens and input prices over the built-in tables "
+    '({"as_of", "source", "models": {PREFIX: {"min_tokens", "input_usd_per_mtok"}}}).',
+)
+@click.option(
     "--prefill-tok-s",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
