@@ -67,6 +67,7 @@ class AuditOptions:
     cache_ttl: float | None = None
     slots: int | None = None
     provider_rules: str | None = None  # --provider-rules FILE: per-model minimums and prices
+    dtype: str = "float32"  # generate's --dtype: the KV cache's element type (bytes in --cache-size)
     prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
     fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
     fix_rules: str | None = None
@@ -196,6 +197,8 @@ def _report(
     # The run-wide reports (a pass over the block tree each): not for --diff or jsonl alone.
     wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
     capacity = _capacity(auditor) if wanted else None
+    if capacity is not None and capacity.token_bytes:
+        capacity.kv_dtype = opts.dtype
     bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
     shares, traffic = observed if observed is not None else (None, None)
     worth = Worth(summary.tokens, summary.cached_tokens, bounded, opts.prefill_tok_s, shares, auditor.hits)

@@ -137,6 +137,14 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+    help="With --model: the `kvcli generate --dtype` the KV cache is allocated in (sizes in bytes, "
+    "the default pool, --kv-cache-dir's key).",
+)
+@click.option(
     "--provider-rules",
     metavar="FILE",
     default=None,
