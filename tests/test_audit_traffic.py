@@ -64,3 +64,23 @@ def test_usage_shapes() -> None:
         Actual(0, 900)  # the Responses API
     assert actual_of({"status_code": 200, "body": {"usage": {"prompt_tokens": 10}}}) == Actual(0, 10)  # batch output
     assert actual_of({"error": "x"}) is None
+
+
+def test_a_batch_output_file_is_joined_by_custom_id(tmp_path: Path) -> None:
+    inputs = [{"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+              for i, body in enumerate(_requests())]
+    source = write_jsonl(tmp_path / "batch_input.jsonl", inputs)
+    predicted = [p["cached_tokens"] for p in _doc(source)["prompts"]]
+    outputs = [{"id": f"batch_req_{i}", "custom_id": f"b{i}", "error": None,
+                "response": {"status_code": 200, "request_id": "x", "body": _response(c, 1900, 0)}}
+               for i, c in ((3, 0), (1, predicted[1]), (0, 0))]  # any order; b2 has no output line
+    outputs.append({"custom_id": "b9", "result": {"type": "succeeded", "message": {
+        "usage": {"input_tokens": 10, "cache_read_input_tokens": 0}}}})  # Anthropic's shape, no such input
+    results = write_jsonl(tmp_path / "batch_output.jsonl", outputs + [{"unrelated": True}])
+    result = run([str(source), "--profile", "openai", "--format", "json", "--fail-on", "never",
+                  "--responses", str(results)])
+    assert result.exit_code == 0, result.output
+    assert "batch_output.jsonl:5: --responses: not a batch output line" in result.stderr
+    t = json.loads(result.stdout)["traffic"]
+    assert t["joined"] == {"file": str(results), "output_lines": 4, "joined": 3}
+    assert t["requests"] == 3 and [d["id"] for d in t["disagree"]] == ["b3"]  # predicted > 0, actual 0

@@ -32,7 +32,7 @@ from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
 from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
 from kvcli.audit.trace_command import run_trace
-from kvcli.audit.traffic import TrafficCompare, traffic_dict, traffic_lines
+from kvcli.audit.traffic import TrafficCompare, load_responses, traffic_dict, traffic_lines
 from kvcli.audit.worth import ShareCounter, Worth, worth_dict, worth_lines
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    responses: str | None = None  # --responses FILE: a batch output file joined by custom_id
     provider_rules: str | None = None  # --provider-rules FILE: per-model minimums and prices
     dtype: str = "float32"  # generate's --dtype: the KV cache's element type (bytes in --cache-size)
     prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
@@ -147,6 +148,9 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         auditor.observers.append(baseline)
     picked = diff_requests(opts.paths, opts.diff, stdin, on_problem) if opts.diff else None
     source = picked if picked is not None else requests(paths, stdin, opts.time_field)
+    if opts.responses:
+        traffic.responses = load_responses(opts.responses, on_problem)
+        source = traffic.responses.join(source)
     keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
     results: list[PromptResult] = []
     findings: list[Finding] = []

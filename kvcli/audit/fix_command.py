@@ -166,7 +166,8 @@ def run_fix(opts: AuditOptions, out: IO[bytes]) -> int:
     if len(opts.paths) != 1:
         raise InputError("--fix: give exactly one JSONL file to rewrite")
     for flag, given in (("--diff", opts.diff), ("--write-baseline", opts.write_baseline),
-                        ("--baseline", opts.baseline), ("--html", opts.html_path)):  # fmt: skip
+                        ("--baseline", opts.baseline), ("--html", opts.html_path),
+                        ("--responses", opts.responses)):  # fmt: skip
         if given:
             raise InputError(f"{flag}: not with --fix (audit the fixed file afterwards)")
     rules = parse_rules(opts.fix_rules)

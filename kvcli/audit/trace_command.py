@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 NOT_FOR_TRACES = (("diff", "--diff"), ("html_path", "--html"), ("show_blocks", "--show-blocks"),
                   ("write_baseline", "--write-baseline"), ("baseline", "--baseline"),
                   ("kv_cache_dir", "--kv-cache-dir"), ("time_field", "--time-field"), ("slots", "--slots"),
-                  ("fix", "--fix"), ("provider_rules", "--provider-rules"))  # fmt: skip
+                  ("fix", "--fix"), ("provider_rules", "--provider-rules"), ("responses", "--responses"))  # fmt: skip
 
 
 def trace_profile(opts: AuditOptions) -> Profile:

@@ -13,10 +13,12 @@ audit's rendering or tokenizer, or a prefix from traffic outside this file).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcli.audit.records import PromptResult, RenderedPrompt
+from kvcli.audit.records import InputProblem, PromptRequest, PromptResult, RenderedPrompt
+from kvcli.audit.sources import check_paths, iter_records
 from kvcli.audit.style import Style
 
 LESS = ("the provider cached less than predicted: the request went to another machine (routing), "
@@ -72,6 +74,50 @@ def unwrap(value: dict[str, Any]) -> tuple[dict[str, Any], Actual | None]:
     return request, actual_of(value["response"])
 
 
+def batch_actual(line: Any) -> tuple[str, Actual | None] | None:
+    """A batch output line's (custom_id, usage): OpenAI `{"custom_id", "response": {"body"}}`,
+    Anthropic `{"custom_id", "result": {"message"}}`; None for a line that is neither."""
+    if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
+        return None
+    response = line.get("response")
+    if isinstance(response, dict):
+        return line["custom_id"], actual_of(response)
+    result = line.get("result")
+    message = result.get("message") if isinstance(result, dict) else None
+    return line["custom_id"], actual_of(message) if isinstance(message, dict) else None
+
+
+@dataclass(slots=True)
+class Responses:
+    """--responses FILE: a batch output file, joined with the audited input by custom_id."""
+
+    path: str
+    by_id: dict[str, Actual | None] = field(default_factory=dict)
+    joined: int = 0
+
+    def join(self, items: Iterable[Any]) -> Iterator[Any]:
+        for item in items:
+            if isinstance(item, PromptRequest) and item.actual is None and item.id in self.by_id:
+                item.actual = self.by_id[item.id]
+                self.joined += 1
+            yield item
+
+
+def load_responses(path: str, on_problem: Callable[[InputProblem], None]) -> Responses:
+    """The batch output file's usage by custom_id; a line that is not a batch output line is a problem."""
+    responses = Responses(path)
+    for item in iter_records(check_paths([path])):
+        if isinstance(item, InputProblem):
+            on_problem(item)
+            continue
+        found = None if item.is_text else batch_actual(item.value)
+        if found is None:
+            on_problem(InputProblem(item.where, "--responses: not a batch output line (custom_id with response or result)"))
+            continue
+        responses.by_id[found[0]] = found[1]
+    return responses
+
+
 @dataclass(slots=True)
 class Disagreement:
     prompt: int
@@ -95,6 +141,7 @@ class TrafficCompare:
     tokens: int = 0
     provider_tokens: int = 0
     disagree: list[Disagreement] = field(default_factory=list)
+    responses: Responses | None = None  # --responses: the batch output joined by custom_id
 
     def __call__(self, prompt: RenderedPrompt, ids: array, hashes: list[bytes], result: PromptResult) -> None:
         actual = prompt.request.actual
@@ -119,6 +166,7 @@ def traffic_lines(t: TrafficCompare, limit: int, style: Style) -> list[str]:
              f"  {t.requests:,} request(s) with usage: the provider served {t.actual:,} of {t.provider_tokens:,} "
              f"prompt tokens from its cache ({rate:.1%}); the audit predicted {t.predicted:,} of {t.tokens:,} "
              f"({t.predicted / max(t.tokens, 1):.1%})",
+             *_joined(t),
              f"  {t.requests - len(t.disagree):,} agree within a block ({t.block_size} tokens), "
              f"{len(t.disagree):,} disagree"]  # fmt: skip
     for d in t.disagree[:limit]:
@@ -130,10 +178,19 @@ def traffic_lines(t: TrafficCompare, limit: int, style: Style) -> list[str]:
     return lines
 
 
+def _joined(t: TrafficCompare) -> list[str]:
+    r = t.responses
+    if r is None:
+        return []
+    return [f"  joined {r.joined:,} request(s) with {r.path} by custom_id ({len(r.by_id):,} output lines)"]
+
+
 def traffic_dict(t: TrafficCompare) -> dict[str, Any] | None:
     if not t.requests:
         return None
-    return {"requests": t.requests, "actual_cached_tokens": t.actual, "provider_prompt_tokens": t.provider_tokens,
+    r = t.responses
+    return {"joined": None if r is None else {"file": r.path, "output_lines": len(r.by_id), "joined": r.joined},
+            "requests": t.requests, "actual_cached_tokens": t.actual, "provider_prompt_tokens": t.provider_tokens,
             "predicted_cached_tokens": t.predicted, "tokens": t.tokens, "agree": t.requests - len(t.disagree),
             "disagree": [{"prompt": d.prompt, "id": d.id, "source": d.source, "predicted": d.predicted,
                           "actual": d.actual, "tokens": d.tokens, "provider_tokens": d.provider_tokens,

@@ -145,6 +145,13 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "the default pool, --kv-cache-dir's key).",
 )
 @click.option(
+    "--responses",
+    metavar="FILE",
+    default=None,
+    help="A batch output file (OpenAI or Anthropic) joined with PATH by custom_id: the provider's actual "
+    "cached tokens beside the prediction.",
+)
+@click.option(
     "--provider-rules",
     metavar="FILE",
     default=None,
