@@ -258,8 +258,14 @@ def test_response_format_is_the_lines_constraint() -> None:
     assert flat.params.structured_outputs.json == {"type": "object"}
 
 
-def test_openai_line_without_custom_id_uses_line_number() -> None:
-    assert ok(chat_line({"messages": MSGS}, custom_id=None), line_no=3).ident.key == "line-3"
+def test_openai_line_without_custom_id_is_its_error() -> None:
+    """vLLM's run-batch refuses it; an invented id would join the result to nothing. The error
+    result keeps the line-number id, so --resume still recognises the line."""
+    missing = fails(chat_line({"messages": MSGS}, custom_id=None), "custom_id", line_no=3)
+    assert missing.ident.key == "line-3" and "needs a custom_id" in missing.describe
+    other = fails(chat_line({"messages": MSGS}, custom_id=None, id="x"), "custom_id")
+    assert "it has 'id'" in other.describe
+    assert ok({"params": {"messages": MSGS, "max_tokens": 3}, "custom_id": "a"}).ident.key == "a"
 
 
 # ----------------------------------------------------------------- encoding

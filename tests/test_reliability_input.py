@@ -138,16 +138,17 @@ def test_audit_names_every_bad_line_and_audits_the_rest(tmp_path) -> None:
         in res.stderr
 
 
-@pytest.mark.parametrize("setup, name, message", [
-    (lambda d: (d / "e.jsonl").write_bytes(b""), "e.jsonl", "is empty"),
-    (lambda d: (d / "e.jsonl").write_bytes(b"\n \r\n\n"), "e.jsonl", "is empty"),
-    (lambda d: (d / "dir.jsonl").mkdir(), "dir.jsonl", "is a directory"),
+@pytest.mark.parametrize("setup, name, code, message", [
+    (lambda d: (d / "e.jsonl").write_bytes(b""), "e.jsonl", 0, "no request lines"),
+    (lambda d: (d / "e.jsonl").write_bytes(b"\n \r\n\n"), "e.jsonl", 0, "no request lines"),
+    (lambda d: (d / "dir.jsonl").mkdir(), "dir.jsonl", 2, "is a directory"),
 ])
-def test_empty_file_and_directory_are_usage_errors(tiny_models, tmp_path, setup, name, message):
+def test_empty_file_runs_nothing_and_a_directory_is_a_usage_error(tiny_models, tmp_path, setup,
+                                                                  name, code, message):
     setup(tmp_path)
     res = CliRunner().invoke(main, ["generate", str(tmp_path / name), "--model",
                                     str(tiny_models["llama"])], catch_exceptions=False)
-    assert res.exit_code == 2 and message in res.stderr and res.stdout == ""
+    assert res.exit_code == code and message in res.stderr and res.stdout == ""
     audit = CliRunner().invoke(main, ["audit", str(tmp_path / name)], catch_exceptions=False)
     assert audit.exit_code == 2 and "Traceback" not in audit.stderr
 

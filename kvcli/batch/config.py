@@ -30,6 +30,15 @@ class GenerateConfig:
     clamp_max_tokens: bool = False  # an explicit max_tokens past the context: cap, not error
     seed: int = 0
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+    served_model_names: tuple[str, ...] = ()  # what a line's "model" may say; () = --model
+    debug: bool = False  # full tracebacks of a line's unexpected exception
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names this run answers to, as vLLM's: --served-model-name, else --model; the
+        first is the one results report."""
+        model = self.engine.get("model")
+        return self.served_model_names or ((str(model),) if model else ())
 
     @property
     def to_stdout(self) -> bool:

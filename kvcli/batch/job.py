@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.batch.encode import PromptEncoder
+from kvcli.batch.guard import TracebackLog, internal_failure
 from kvcli.batch.output import ResultFormatter, engine_failure
 from kvcli.batch.parse import ParseOptions, parse_line
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, RejectedRequest
@@ -59,6 +60,7 @@ class JobOptions:
     default_max_tokens: int | None = 256
     clamp_max_tokens: bool = False
     where: Callable[[int], str] | None = None  # "FILE:LINE" of a line number (several INPUTs)
+    debug: bool = False  # the full traceback of a line's unexpected exception (guard.py)
 
 
 @dataclass(slots=True)
@@ -85,13 +87,18 @@ class BatchJob:
         self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
         self._pending: dict[str, tuple[int, LineRequest]] = {}  # engine id -> (seq, request)
         self._seen = SeenIds()  # ids of earlier lines (duplicates)
+        self._tracebacks = TracebackLog(reporter.error, opts.debug)
+        self._other_model: tuple[int, str] | None = None  # the first line naming another model
+        self._other_model_lines = 0
         self._warned_fields: set[str] = set()
         self._exhausted = False
         self._failed_fast = False
 
     # ------------------------------------------------------------------- loop
-    def run(self) -> JobOutcome:
-        with StopSignal() as stop:
+    def run(self, stop: StopSignal | None = None) -> JobOutcome:
+        """``stop``: what asks the job to stop (default: SIGINT / SIGTERM; kvcli serve passes
+        its own, truthy once a batch is cancelled or expires or the server shuts down)."""
+        with stop if stop is not None else StopSignal() as stop:
             try:
                 self._loop(stop)
             except OutputError as err:
@@ -103,7 +110,7 @@ class BatchJob:
                 return self._outcome(stop.exit_code, stop.name)
         if self._failed_fast:
             return self._outcome(EXIT_FAILED, "fail-fast")
-        self._warn_tools_ignored()
+        self._warn_once_per_run()
         return JobOutcome(EXIT_FAILED if self.counters.failed else EXIT_OK, "completed",
                           self.counters)
 
@@ -133,6 +140,9 @@ class BatchJob:
             raise InputError(f"cannot read {self.opts.input_name}: {err.strerror or err}") from None
 
     # -------------------------------------------------------------- per line
+    # Every stage of one line runs under the guard (kvcli/batch/guard.py): parse_line returns
+    # its own unexpected exceptions as a FailedLine, _admit_line and the formatting in _finish
+    # are wrapped here.
     def _take(self, raw: RawLine) -> None:
         parsed = parse_line(raw, self.opts.parse)
         key = parsed.ident.key
@@ -148,19 +158,35 @@ class BatchJob:
         if isinstance(parsed, FailedLine):
             self._fail(seq, parsed)
             return
-        self._warn_ignored(parsed, raw.line_no)
         try:
-            ids = self.encoder.encode(parsed.prompt, raw.line_no)
-            self._fit_max_tokens(parsed.params, len(ids))
-            self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
+            self._admit_line(seq, parsed, raw.line_no)
         except LineError as err:
             self._fail(seq, FailedLine(parsed.ident, parsed.style, err))
-            return
         except ValueError as err:  # the engine's own checks ("field: reason")
             self._reject(seq, parsed, err)
-            return
+        except Exception as err:  # the guard: whatever else one line raises stays its own
+            self._forget(str(seq))
+            self._fail(seq, internal_failure(parsed.ident, parsed.style, "preparing the request",
+                                             err))
+
+    def _admit_line(self, seq: int, parsed: LineRequest, line_no: int) -> None:
+        self._warn_ignored(parsed, line_no)
+        if parsed.other_model is not None:
+            self._other_model_lines += 1
+            self._other_model = self._other_model or (line_no, parsed.other_model)
+        ids = self.encoder.encode(parsed.prompt, line_no)
+        self._fit_max_tokens(parsed.params, len(ids))
+        self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
         self._pending[str(seq)] = (seq, parsed)
+
+    def _forget(self, engine_id: str) -> None:
+        """After add_request raised part-way, nothing of the request may stay in the engine."""
+        self._pending.pop(engine_id, None)
+        try:
+            self.engine.abort(engine_id)
+        except Exception:  # noqa: BLE001 - it was never added: nothing to abort
+            pass
 
     def _fit_max_tokens(self, params: SamplingParams, prompt_len: int) -> None:
         room = self.engine.max_model_len - prompt_len  # >= 1: the encoder refused longer prompts
@@ -171,15 +197,23 @@ class BatchJob:
             params.max_tokens = room
 
     def _finish(self, out: Any) -> None:
-        seq, req = self._pending.pop(out.request_id)
+        pending = self._pending.pop(out.request_id, None)
+        if pending is None:  # a request the guard failed at admission (_forget)
+            return
+        seq, req = pending
         if isinstance(out, RejectedRequest):  # add_request's error, from a remote engine
             self._reject(seq, req, ValueError(out.message))
             return
-        failed = engine_failure(req, out)
+        try:
+            failed = engine_failure(req, out)
+            if failed is None:
+                line, tally = self.formatter.success(req, out), Tally.of(out)
+        except Exception as err:  # the guard: parsing the reply or serialising the result
+            failed = internal_failure(req.ident, req.style, "writing the result", err)
         if failed is not None:
             self._fail(seq, failed)
             return
-        self._emit(seq, self.formatter.success(req, out), Tally.of(out))
+        self._emit(seq, line, tally)
 
     def _reject(self, seq: int, req: LineRequest, err: ValueError) -> None:
         error = LineError.from_value_error(err)
@@ -193,6 +227,8 @@ class BatchJob:
         if ident.field is not None:
             where += f" ({ident.field} {ident.key!r})"
         self.reporter.error(f"{where}: {failed.describe}")
+        if failed.cause is not None:
+            self._tracebacks.log(where, failed.cause)
         self._emit(seq, self.formatter.failure(failed), FAILED)
         if self.opts.fail_fast:
             self._failed_fast = True
@@ -234,16 +270,24 @@ class BatchJob:
         where = self.opts.where
         return where(line_no) if where is not None else f"{self.opts.input_name}:{line_no}"
 
-    def _warn_tools_ignored(self) -> None:
-        """Once per run: the template renders the same prompt with and without ``tools``."""
+    def _warn_once_per_run(self) -> None:
+        """The template renders the same prompt with and without ``tools``; lines name
+        another model than the one that ran them."""
         lines = self.encoder.tools_ignored
         if lines:
             self.reporter.error(f"kvcli generate: warning: the model's chat template ignores "
                                 f"`tools`; they were dropped from {len(lines)} line"
                                 f"{'s' if len(lines) != 1 else ''} (first: line {lines[0]})")
+        if self._other_model is not None:
+            n, (line_no, name) = self._other_model_lines, self._other_model
+            served = ", ".join(repr(m) for m in self.opts.parse.models)
+            self.reporter.error(f"kvcli generate: warning: {n} line{'s' if n != 1 else ''} "
+                                f"named another model than {served} and ran on it (first: "
+                                f"{self._where(line_no)}, {name!r}); --served-model-name NAME "
+                                "accepts a name, --strict makes it the line's error")
 
     def _outcome(self, code: int, status: str) -> JobOutcome:
-        self._warn_tools_ignored()
+        self._warn_once_per_run()
         return JobOutcome(code, status, self.counters, self._abort_pending())
 
     def _stopped_by_output_error(self, err: OSError) -> JobOutcome:

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from kvcli.batch.fields import build_params
+from kvcli.batch.guard import internal_failure
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
@@ -33,6 +34,7 @@ class ParseOptions:
     seed: int = 0  # run seed; a line without "seed" gets one derived from it and its id
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     tool_format: str | None = None  # the model's tool-call format (kvcli.structured.tools)
+    models: tuple[str, ...] = ()  # names a line's "model" may give (--served-model-name); () any
 
 
 def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
@@ -44,14 +46,19 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         ident = _ident(obj, raw.line_no)
         req = parse_request(obj, opts.strict)
         style = _style(req)
+        _check_custom_id(req)
+        other_model = _other_model(req, opts)
         _check_supported(req)
         _constrain(req)
         tool_format = _tool_calls(req, obj, opts.tool_format)
         params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
         return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored,
-                           field_prefix=req.prefix, tool_format=tool_format)
+                           field_prefix=req.prefix, tool_format=tool_format,
+                           other_model=other_model)
     except LineError as err:
         return FailedLine(ident, style, err)
+    except Exception as err:  # the per-line guard: a check no one wrote
+        return internal_failure(ident, style, "reading the line", err)
 
 
 def _decode(raw: RawLine, limit: int) -> dict[str, Any]:
@@ -85,6 +92,28 @@ def _style(req: InputRequest) -> Style:
     return _STYLES.get(req.format, Style.PLAIN)
 
 
+def _check_custom_id(req: InputRequest) -> None:
+    """An OpenAI Batch result is joined to its request by ``custom_id`` alone (vLLM's
+    ``run-batch`` refuses a line without one): an invented id would join nothing."""
+    if req.prefix == "body." and req.id_field != "custom_id":
+        got = f" (it has {req.id_field!r}, which the Batch API does not read)" if req.id_field \
+            else ""
+        raise LineError("custom_id", "missing: an OpenAI Batch line needs a custom_id, the only "
+                        f"field that joins its result to it{got}")
+
+
+def _other_model(req: InputRequest, opts: ParseOptions) -> str | None:
+    """The line's ``model`` when it names another than the one loaded (its line's error with
+    ``--strict``, as vLLM answers 404; else run on the loaded model and counted)."""
+    if req.model is None or not opts.models or req.model in opts.models:
+        return None
+    if opts.strict:
+        raise LineError(f"{req.prefix}model", f"{req.model!r} is not the model this run serves "
+                        f"({', '.join(map(repr, opts.models))}); --served-model-name NAME "
+                        "accepts another name for it", "model_not_found")
+    return req.model
+
+
 def _check_supported(req: InputRequest) -> None:
     """Fields the shared model reads (the audit uses them) that generate cannot honour yet."""
     if req.sampling.get("prompt_logprobs") is not None:  # the engine has them; no output shape
@@ -95,11 +124,12 @@ def _check_supported(req: InputRequest) -> None:
 
 
 def _constrain(req: InputRequest) -> None:
-    """``response_format`` / ``structured_outputs`` -> the one constraint the engine enforces."""
+    """``response_format`` / ``structured_outputs`` / vLLM's ``guided_*`` -> the one constraint
+    the engine enforces."""
     name = "text.format" if req.format is Format.RESPONSES else "response_format"
     try:
         constraint = line_constraint(req.sampling.pop("structured_outputs", None),
-                                     req.response_format, req.prefix, name)
+                                     req.response_format, req.prefix, name, req.guided)
     except ValueError as err:
         raise LineError.from_value_error(err) from None
     if constraint is not None:

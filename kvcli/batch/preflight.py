@@ -1,7 +1,7 @@
 """The cheap checks of ``kvcli generate`` before the (slow) model load.
 
-A bad path, an empty input, an output that would be clobbered or is being written by another
-run, or an unreadable ``--resume`` file fail here in milliseconds with exit status 2
+A bad path, an output that would be clobbered or is being written by another run, or an
+unreadable ``--resume`` file fail here in milliseconds with exit status 2
 (:class:`BatchUsageError`); nothing has been loaded or written yet.
 """
 
@@ -87,14 +87,12 @@ def open_path(path: str) -> BinaryIO:
         raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
 
 
-def first_line(lines: Iterator[RawLine], path: str) -> RawLine:
+def first_line(lines: Iterator[RawLine], path: str) -> RawLine | None:
+    """The input's first request line; None when it has none (an empty input is no error)."""
     try:
-        first = next(lines, None)
+        return next(lines, None)
     except OSError as err:
         raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
-    if first is None:
-        raise BatchUsageError(f"{'stdin' if path == '-' else path} is empty: no requests to run")
-    return first
 
 
 def resume_state(cfg: GenerateConfig) -> ResumeState:

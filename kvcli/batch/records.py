@@ -53,6 +53,7 @@ class LineRequest:
     ignored_fields: list[str] = field(default_factory=list)  # unknown fields (not --strict)
     field_prefix: str = ""  # where the line's fields live ("body." on OpenAI Batch lines)
     tool_format: str | None = None  # replies are parsed for tool calls in this format
+    other_model: str | None = None  # its "model" names another than the loaded one
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class FailedLine:
     ident: LineId
     style: Style | None
     error: LineError
+    cause: BaseException | None = None  # an unexpected exception (kvcli/batch/guard.py)
 
     @property
     def describe(self) -> str:

@@ -1,7 +1,8 @@
 """``kvcli generate`` end to end: check the paths, resume, load the engine, run the job, summarise.
 
-Cheap checks come before the (slow) model load (kvcli/batch/preflight.py): a bad path, an
-empty input or an output that would be clobbered fail in milliseconds with exit status 2.
+Cheap checks come before the (slow) model load (kvcli/batch/preflight.py): a bad path or an
+output that would be clobbered fail in milliseconds with exit status 2. An empty input (a filter
+that selected nothing) loads no model, leaves -o FILE empty and exits 0, as vLLM's run-batch does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import orjson
 
 from kvcli.batch.config import GenerateConfig
-from kvcli.batch.job import EXIT_USAGE, BatchJob, JobOptions, JobOutcome
+from kvcli.batch.job import EXIT_OK, EXIT_USAGE, BatchJob, JobOptions, JobOutcome
 from kvcli.batch.lock import OutputLock
 from kvcli.batch.output import ResultFormatter
 from kvcli.batch.parse import ParseOptions
@@ -112,6 +113,8 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
         else:
             lines = iter(files)
         first = first_line(lines, cfg.input)
+        if first is None:
+            return _empty_input(cfg, lock)
         resume = resume_state(cfg)
         try:
             engine = engine_factory(cfg)
@@ -119,6 +122,20 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
                         files.where if files is not None else None)
+
+
+def _empty_input(cfg: GenerateConfig, lock: OutputLock | None) -> int:
+    """No request lines: the model is never loaded, -o FILE is left as a run without results
+    leaves it (empty; as it was with --resume), kept like vLLM's run-batch output, exit 0."""
+    _sink(cfg, lock).close()
+    if lock is not None:
+        lock.created = False  # an empty FILE is this run's whole output: not removed at the end
+    name = "stdin" if cfg.input == "-" else " ".join((cfg.input, *cfg.more_inputs))
+    where = "" if cfg.to_stdout else (f"; {cfg.output} kept as it was" if cfg.resume
+                                      else f"; wrote an empty {cfg.output}")
+    print(f"kvcli generate: {name}: no request lines, nothing to run{where}", file=sys.stderr)
+    summary = build_summary(RunCounters(), None, "completed", EXIT_OK)
+    return EXIT_OK if _write_stats(cfg, summary) else 1
 
 
 def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:
@@ -142,15 +159,8 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     show = cfg.progress or sys.stderr.isatty()
     total = _total_lines(cfg) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
-    # The parser leaves max_tokens unset where the line does; the job then fits the default
-    # to the prompt, and only an explicit value can overflow the context.
-    defaults = replace(cfg.sampling, max_tokens=None)
-    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
-    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
-                                   tool_format),
-                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where)
-    formatter = ResultFormatter(str(cfg.engine.get("model") or "default"), engine.tokenizer,
+    opts = job_options(cfg, engine, where)
+    formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
                                 cfg.token_ids)
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
@@ -166,6 +176,19 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
         _silence_stdout(sink)
         return outcome.exit_code
     return _finish(cfg, engine, outcome)
+
+
+def job_options(cfg: GenerateConfig, engine: Any,
+                where: Callable[[int], str] | None = None) -> JobOptions:
+    """The job's per-line options from the command's flags (generate's, and kvcli serve's)."""
+    # The parser leaves max_tokens unset where the line does; the job then fits the default
+    # to the prompt, and only an explicit value can overflow the context.
+    defaults = replace(cfg.sampling, max_tokens=None)
+    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
+    return JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
+                                   tool_format, cfg.model_names),
+                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug)
 
 
 def _total_lines(cfg: GenerateConfig) -> int | None:
@@ -199,15 +222,21 @@ def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
               f"written ({why}){how}", file=sys.stderr)
     if not cfg.quiet:
         print(format_summary(summary, cfg.output_name), file=sys.stderr)
-    if cfg.stats_path:
-        try:
-            with open(cfg.stats_path, "wb") as f:
-                f.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
-        except OSError as err:
-            print(f"kvcli generate: cannot write --stats {cfg.stats_path}: {err.strerror or err}",
-                  file=sys.stderr)
-            return max(outcome.exit_code, 1)
-    return outcome.exit_code
+    return outcome.exit_code if _write_stats(cfg, summary) else max(outcome.exit_code, 1)
+
+
+def _write_stats(cfg: GenerateConfig, summary: dict[str, Any]) -> bool:
+    """``--stats FILE``; False when it cannot be written (said on stderr)."""
+    if not cfg.stats_path:
+        return True
+    try:
+        with open(cfg.stats_path, "wb") as f:
+            f.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as err:
+        print(f"kvcli generate: cannot write --stats {cfg.stats_path}: {err.strerror or err}",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _silence_stdout(sink: Any) -> None:

@@ -36,6 +36,31 @@ def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(err)) from None
 
 
+def _chat_template(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """vLLM's --chat-template: a file's template, or the template itself on one line."""
+    if value is None:
+        return None
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise click.BadParameter(f"cannot read {value}: {err}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise click.BadParameter(f"{value}: no such file (and not a template: no {{{{ or {{%)")
+
+
+def _names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+           ) -> tuple[str, ...]:
+    names = tuple(n.strip() for v in value for n in v.split(","))
+    if any(not n for n in names):
+        raise click.BadParameter("expected non-empty names, e.g. gpt-4o-mini,my-model")
+    return names
+
+
 _JOB_OPTIONS = [
     click.option("-o", "--output", metavar="FILE",
                  help="Write results here (default: stdout). Refuses to replace a non-empty "
@@ -52,7 +77,15 @@ _JOB_OPTIONS = [
                       "writes in input order."),
     click.option("--token-ids", is_flag=True,
                  help="Add token_ids (completion) and prompt_token_ids to each result."),
-    click.option("--strict", is_flag=True, help="Unknown fields in a line are an error."),
+    click.option("--strict", is_flag=True,
+                 help="A line's unknown field, or a \"model\" other than the loaded one "
+                      "(--served-model-name), is that line's error (vLLM refuses both)."),
+    click.option("--served-model-name", "served_model_names", multiple=True, metavar="NAME",
+                 callback=_names,
+                 help="A name lines may give as \"model\" for the loaded model (repeatable or "
+                      "comma-separated; the first is the name results report). Default: --model."),
+    click.option("--debug", is_flag=True,
+                 help="Print the full traceback when a line fails on an unexpected error."),
     click.option("--fail-fast", is_flag=True, help="Stop at the first failed request."),
     click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
                  help="Requests admitted to the engine (or awaiting output) at once."),
@@ -90,6 +123,10 @@ _ENGINE_OPTIONS = [
                  help="smollm2-135m, a NAME from `kvcli models`, a local Hugging Face directory, "
                       "a .gguf file, or ORG/NAME on the hub (downloaded when not in the local "
                       "cache, unless HF_HUB_OFFLINE=1)."),
+    click.option("--chat-template", callback=_chat_template, metavar="FILE",
+                 help="Render chat lines with this Jinja chat template instead of the model's "
+                      "(a file, or the template itself), as vLLM's flag; its tool-call format is "
+                      "the one replies are parsed with (samples/hermes_tools.jinja)."),
     click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
                  help="Tokens per KV block (and per prefix-cache hash)."),
     click.option("--num-blocks", type=click.IntRange(min=1),
@@ -118,6 +155,10 @@ _ENGINE_OPTIONS = [
     click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
                  help="Bound of --kv-cache-dir, least recently used blocks deleted first "
                       "(default 8GiB)."),
+    click.option("--structured-compile-timeout", type=click.FloatRange(min=0), default=30.0,
+                 show_default=True, metavar="SECONDS",
+                 help="Time one output constraint's grammar may take to compile; the lines "
+                      "using it fail past it, the others run meanwhile (0 = no limit)."),
 ]
 
 _RAY_OPTIONS = [
@@ -165,12 +206,13 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
       {"prompt_token_ids": [1, 2, 3]}
       {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", "body": {...}}
     Any SamplingParams field (max_tokens, temperature, seed, stop, n, logprobs...) and
-    cache_salt may be set per line; flags give the defaults. A line without an id gets
-    "line-<N>" (its 1-based line number).
+    cache_salt may be set per line; flags give the defaults. A plain line without an id
+    gets "line-<N>" (its 1-based line number); an OpenAI Batch line needs its custom_id.
 
     \b
-    Exit status: 0 all ok, 1 some requests failed, 2 bad usage or unreadable input,
-    130/143 interrupted (SIGINT/SIGTERM; continue with --resume), 141 broken pipe.
+    Exit status: 0 all ok (or no request lines), 1 some requests failed, 2 bad usage or
+    unreadable input, 130/143 interrupted (SIGINT/SIGTERM; continue with --resume),
+    141 broken pipe.
     """
     from kvcli.batch.run import GenerateConfig, run_generate
 
@@ -183,6 +225,7 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
+        served_model_names=opts["served_model_names"], debug=opts["debug"],
     )
     try:
         if opts["ray_address"] is None:
@@ -247,4 +290,6 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
         "quantization": opts["quantization"],
+        "structured_compile_timeout": opts["structured_compile_timeout"] or None,
+        "chat_template": opts["chat_template"],
     }

@@ -51,7 +51,7 @@ def responses_to_messages(body: dict[str, Any], prefix: str) -> list[dict[str, A
         if not isinstance(instructions, str):
             raise LineError(f"{prefix}instructions", f"expected a string, got {type_name(instructions)}")
         messages.append({"role": "system", "content": instructions})
-    items = body["input"]
+    items = body.get("input")  # missing: the "expected" error below names the field
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
         return messages

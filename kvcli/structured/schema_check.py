@@ -15,11 +15,17 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+#: Levels of JSON objects and arrays a schema may nest (about half as many schema levels).
+#: The meta-schema check recurses ~10 Python frames per level and exhausts the interpreter's
+#: stack near 200; real schemas stay far below (OpenAI allows 10 levels of nesting).
+MAX_DEPTH = 64
 
-def check_json_schema(schema: Any, path: str) -> None:
+
+def check_json_schema(schema: Any, path: str, max_depth: int = MAX_DEPTH) -> None:
     """Raise ``ValueError("path.to.keyword: reason")`` unless ``schema`` is a valid JSON Schema."""
     if not isinstance(schema, dict):
         raise ValueError(f"{path}: expected a JSON Schema object, got {type(schema).__name__}")
+    check_depth(schema, path, max_depth)
     from jsonschema import validators
 
     # The schema's own "$schema" picks the draft; without one, the latest (2020-12).
@@ -31,6 +37,20 @@ def check_json_schema(schema: Any, path: str) -> None:
         err = errors[0]
         raise ValueError(f"{join_path(path, err.absolute_path)}: {err.message}")
     check_enforceable(schema, path)
+
+
+def check_depth(value: Any, path: str, limit: int = MAX_DEPTH) -> None:
+    """Raise ``ValueError`` naming ``path`` if ``value`` nests more than ``limit`` containers
+    (walked without recursion, so any depth the JSON reader accepted is measured safely)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            raise ValueError(f"{path}: nested deeper than {limit} levels of objects and arrays; "
+                             "kvcli refuses deeper schemas (a recursive structure can use "
+                             "$defs and $ref)")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 # Keywords xgrammar (0.2) accepts but does not enforce, measured one by one with a violating
