@@ -74,3 +74,20 @@ def test_provider_report_gives_dollars_with_and_without_the_cache(tmp_path: Path
     assert usd["cached"] == pytest.approx(((tokens - cached) + cached * 0.25) * 2e-6)
     text = run([str(path), "--profile", "openai", "--fail-on", "never"]).output
     assert "without the cache" in text and "gpt-4.1-2025-04-14 list prices of 2025-08" in text
+
+
+def test_anthropic_writes_no_request_reads_are_reported(tmp_path: Path) -> None:
+    """A breakpoint on per-request content writes (billed 1.25x) what no later request reads;
+    the one on the shared system prompt is read by every later request."""
+    marker = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are a careful assistant for ACME Cloud. " * 200, "cache_control": marker}]
+    rows = [{"model": "claude-sonnet-4-20250514", "system": system, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": f"Question {i}: how?", "cache_control": marker}]}]}
+        for i in range(3)]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    unread = _doc(path, "--profile", "anthropic")["worth"]["unread_writes"]
+    assert unread["writes"] == 3  # each request's own question; the system write was read
+    assert unread["first"][0] == f"{path}:1 messages[0] user"
+    text = run([str(path), "--profile", "anthropic", "--fail-on", "never"]).output
+    assert "unread cache writes: 3 breakpoint write(s)" in text
+    assert _doc(path)["worth"]["unread_writes"] is None  # engine profiles write no breakpoints

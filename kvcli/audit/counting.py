@@ -62,7 +62,8 @@ class HitCounter:
             if not marked:  # automatic caching: the breakpoint sits on the last block before generation
                 content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]
                 marked = content[-1:]
-            read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, now)
+            where = [f"{prompt.request.source} {s.label}" for s in prompt.segments]
+            read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, now, where)
             cached = read.cached
         if self.cost is not None:
             self.cost.add(prompt.request.model, len(ids), cached, read.written if read else 0)

@@ -66,6 +66,11 @@ def worth_lines(w: Worth, style: Style) -> list[str]:
     cost = w.hits.cost if w.hits is not None else None
     if cost is not None:
         lines.append(f"  {dollars_sentence(cost)}")
+    unread = unread_writes(w)
+    if unread is not None and unread["writes"]:
+        lines.append(f"  unread cache writes: {unread['writes']:,} breakpoint write(s), {unread['tokens']:,} tokens billed "
+                     "at the write price, that no later request read (a breakpoint after per-request content, or "
+                     f"the entry expired first); first: {'; '.join(unread['first'])}")
     s = w.shares
     if s is not None:
         least = f"one block, {s.block_size} tokens" if s.minimum <= s.block_size else f"the minimum, {s.minimum:,} tokens"
@@ -75,6 +80,14 @@ def worth_lines(w: Worth, style: Style) -> list[str]:
         lines.append(f"  shared tails: {s.tail_tokens:,} tokens shared past a prompt's last full shared block "
                      "(recomputed: the rest of that block differs)")
     return lines
+
+
+def unread_writes(w: Worth) -> dict[str, Any] | None:
+    """Anthropic profile: breakpoint writes that were never read."""
+    if w.hits is None or w.hits.profile.hit_model != "breakpoints":
+        return None
+    unread = list(w.hits.breakpoints.unread.values())
+    return {"writes": len(unread), "tokens": sum(t for t, _ in unread), "first": [where for _, where in unread[:3]]}
 
 
 def dollars_sentence(cost: Any) -> str:
@@ -100,6 +113,7 @@ def worth_dict(w: Worth) -> dict[str, Any]:
                                           "models": sorted(cost.models), "unpriced_requests": cost.unpriced,
                                           "prices_as_of": cost.as_of},
     }  # fmt: skip
+    out["unread_writes"] = unread_writes(w)
     if s is not None:
         out["not_shared"] = s.unshared
         out["too_short"] = {"prompts": s.too_short, "tokens": s.too_short_tokens, "below_tokens": s.minimum}
