@@ -87,6 +87,7 @@ def test_anthropic_writes_no_request_reads_are_reported(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "a.jsonl", rows)
     unread = _doc(path, "--profile", "anthropic")["worth"]["unread_writes"]
     assert unread["writes"] == 3  # each request's own question; the system write was read
+    assert 0 < unread["tokens"] < 3 * 30  # the questions' tokens, not the system prompt's again
     assert unread["first"][0] == f"{path}:1 messages[0] user"
     text = run([str(path), "--profile", "anthropic", "--fail-on", "never"]).output
     assert "unread cache writes: 3 breakpoint write(s)" in text

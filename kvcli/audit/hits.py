@@ -130,10 +130,12 @@ class BreakpointCache:
             if self._alive(hashes[j], now):
                 reachable = ends[j]
                 break
+        before = cached  # an earlier breakpoint's tokens are its own write, not this one's
         for b in marked:
             if ends[b] >= min_tokens:
                 if not self._alive(hashes[b], now):
                     written = max(written, ends[b] - cached)
-                    self.unread[hashes[b]] = (ends[b] - cached, where[b] if b < len(where) else "")
+                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "")
                 self._written[hashes[b]] = now
+                before = max(before, ends[b])
         return BreakpointRead(cached, reachable, len(marked), written)
