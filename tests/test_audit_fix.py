@@ -132,5 +132,7 @@ def test_lines_it_cannot_read_are_copied_and_bad_rules_refused(tmp_path: Path) -
     assert lines[1:3] == ["", "{not json"] and doc["changed_lines"] == 1
     bad = run([str(src), "--fix", str(out), "--fix-rules", "json,sorting"])
     assert bad.exit_code == 2 and "--fix-rules json,sorting: unknown rule sorting" in bad.stderr
+    alone = run([str(src), "--fix-rules", "all"])
+    assert alone.exit_code == 2 and "--fix-rules: give --fix OUT too" in alone.stderr
     two = run([str(src), str(src), "--fix", str(out)])
     assert two.exit_code == 2 and "exactly one JSONL file" in two.stderr

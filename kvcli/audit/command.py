@@ -103,6 +103,8 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         _error("- (stdin) can be given only once")
         return EXIT_USAGE
     try:
+        if opts.fix_rules and not opts.fix:
+            raise InputError("--fix-rules: give --fix OUT too (the rules pick what --fix rewrites)")
         if opts.trace_block_size:
             return run_trace(opts, stdin, out)
         return run_fix(opts, out) if opts.fix else _run(opts, stdin, out)
