@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_audit_support import SAMPLES, run
+from test_audit_support import SAMPLES, run, write_jsonl
 
 FIXABLE = ("unsorted_json", "whitespace_drift", "dynamic_tools")
 
@@ -136,3 +136,14 @@ def test_lines_it_cannot_read_are_copied_and_bad_rules_refused(tmp_path: Path) -
     assert alone.exit_code == 2 and "--fix-rules: give --fix OUT too" in alone.stderr
     two = run([str(src), str(src), "--fix", str(out)])
     assert two.exit_code == 2 and "exactly one JSONL file" in two.stderr
+
+
+def test_whitespace_inside_json_data_is_kept(tmp_path: Path) -> None:
+    data = '{"note": "two  spaces\\tand a tab", "b": 1}'
+    rows = [{"custom_id": "j", "messages": [{"role": "user", "content": data + "  "}]}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    _fix(src, out, "--fix-rules", "whitespace,json")
+    fixed = _rows(out)[0]["messages"][0]["content"]
+    assert json.loads(fixed) == json.loads(data)  # the value, doubled spaces included
+

@@ -187,6 +187,8 @@ def normalise_whitespace(text: str) -> str:
 
 def fix_whitespace(body: dict[str, Any], prefix: str, note: Note, ctx: FixContext) -> None:
     def text(path: str, value: str) -> str:
+        if _json_text(value) is not None:
+            return value  # JSON data: spaces inside its strings are data (the json rule canonicalises it)
         fixed = normalise_whitespace(value)
         if fixed != value:
             kinds = [k for k, hit in (("CRLF/CR", "\r" in value), ("NBSP", "\u00a0" in value),
