@@ -111,6 +111,7 @@ class CapacityReport:
     assumes: str = ASSUMES
     ordering: Any = None  # ordering.OrderingAdvice, added by the command
     engine_pool: CurvePoint | None = None  # with --model: at `kvcli generate`'s default pool
+    kv_dtype: str | None = None  # with --model: the KV element type the bytes are counted in (--dtype)
 
     def size_bytes(self, blocks: int) -> int | None:
         return blocks * self.block_size * self.token_bytes if self.token_bytes else None
