@@ -92,6 +92,9 @@ class SamplingParams:
         if self.ignore_eos:  # the grammar's end is the end-of-sequence token
             raise ValueError("ignore_eos: cannot be combined with structured_outputs (a "
                              "constrained output ends with its end-of-sequence token)")
+        if self.allowed_token_ids is not None:  # the two could leave no token to sample
+            raise ValueError("allowed_token_ids: cannot be combined with structured_outputs "
+                             "(the grammar already decides which tokens may follow)")
 
     @property
     def greedy(self) -> bool:

@@ -31,6 +31,8 @@ def test_logit_bias_keys_become_token_ids():
     (chat_line({"messages": MSGS, "logit_bias": [1, 2]}), "body.logit_bias"),
     ({"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
     ({"prompt": "x", "allowed_token_ids": [1, -2]}, "allowed_token_ids[1]"),
+    ({"prompt": "x", "allowed_token_ids": [1], "structured_outputs": {"regex": "a"}},
+     "allowed_token_ids"),
 ])
 def test_bad_values_are_the_lines_error(line, field):
     fails(line, field)

@@ -19,6 +19,7 @@ import orjson
 
 from kvcli.batch.logprobs import chat_logprobs, completion_logprobs, plain_logprobs
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
+from kvcli.batch.reply import Reply, read_reply
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
 
 
@@ -94,14 +95,17 @@ class ResultFormatter:
             result["choices"] = choices
         result["usage"] = {"prompt_tokens": len(out.prompt_token_ids),
                            "completion_tokens": _completion_tokens(out),
+                           **self._reasoning_usage(req, out),
                            "cached_tokens": out.num_cached_tokens, **_disk_hits(out)}
         if self.include_token_ids:
             result["prompt_token_ids"] = out.prompt_token_ids
         return result
 
     def _plain_choice(self, req: LineRequest, c: CompletionOutput) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
-        _, calls = _tool_calls(req, c)
+        reply = self._reply(req, c)
+        choice: dict[str, Any] = {"index": c.index, "text": reply.content,
+                                  **reply.fields(), "finish_reason": c.finish_reason}
+        _, calls = _tool_calls(req, c, reply)
         if calls:
             choice.update(tool_calls=calls, finish_reason="tool_calls")
         if c.logprobs is not None and req.params.logprobs is not None:
@@ -123,6 +127,7 @@ class ResultFormatter:
             "usage": {"prompt_tokens": len(out.prompt_token_ids),
                       "completion_tokens": _completion_tokens(out),
                       "total_tokens": len(out.prompt_token_ids) + _completion_tokens(out),
+                      **self._reasoning_usage(req, out),
                       "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens,
                                                 **_disk_hits(out)}},
         }
@@ -132,9 +137,10 @@ class ResultFormatter:
 
     def _openai_choice(self, req: LineRequest, c: CompletionOutput, chat: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": c.index}
-        content, calls = _tool_calls(req, c) if chat else (c.text, [])
+        reply = self._reply(req, c) if chat else Reply(c.text)
+        content, calls = _tool_calls(req, c, reply) if chat else (c.text, [])
         if chat:
-            choice["message"] = {"role": "assistant", "content": content,
+            choice["message"] = {"role": "assistant", "content": content, **reply.fields(),
                                  **({"tool_calls": calls} if calls else {})}
         else:
             choice["text"] = c.text
@@ -149,6 +155,16 @@ class ResultFormatter:
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
         return choice
+
+    def _reply(self, req: LineRequest, c: CompletionOutput) -> Reply:
+        return read_reply(req, c, lambda ids: self.tokenizer.decode(ids))
+
+    def _reasoning_usage(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        """OpenAI's ``completion_tokens_details.reasoning_tokens`` where a parser reads replies."""
+        if req.reasoning is None:
+            return {}
+        count = sum(self._reply(req, c).reasoning_tokens for c in out.outputs)
+        return {"completion_tokens_details": {"reasoning_tokens": count}}
 
     def _decode(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -172,13 +188,15 @@ class ResultFormatter:
         return raw
 
 
-def _tool_calls(req: LineRequest, c: CompletionOutput) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a reply that stopped on a line with tools (kvcli.structured)."""
-    if req.tool_format is None or c.finish_reason != "stop":
-        return c.text, []
+def _tool_calls(req: LineRequest, c: CompletionOutput, reply: Reply
+                ) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a reply that stopped on a line with tools (kvcli.structured);
+    the calls are read from the answer, after any reasoning."""
+    if req.tool_format is None or c.finish_reason != "stop" or reply.content is None:
+        return reply.content, []
     from kvcli.structured.tools import parse_tool_calls
 
-    return parse_tool_calls(c.text, req.tool_format)
+    return parse_tool_calls(reply.content, req.tool_format)
 
 
 def _completion_tokens(out: RequestOutput) -> int:

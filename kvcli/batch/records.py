@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kvcli.inputs import LineError, clip
 from kvcli.inputs import Prompt as PromptSpec
+from kvcli.reasoning import ReasoningParser
 from kvcli.sampling_params import SamplingParams
 
 __all__ = ["FailedLine", "LineError", "LineId", "LineRequest", "PromptSpec", "RejectedRequest",
@@ -54,6 +55,8 @@ class LineRequest:
     field_prefix: str = ""  # where the line's fields live ("body." on OpenAI Batch lines)
     tool_format: str | None = None  # replies are parsed for tool calls in this format
     other_model: str | None = None  # its "model" names another than the loaded one
+    reasoning: ReasoningParser | None = None  # chat replies are split into reasoning + answer
+    reasoning_inside: bool = False  # the reply starts inside its reasoning (the prompt opens it)
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from kvcli.batch.resume import ResumeState
 from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
+from kvcli.reasoning import resolve as resolve_reasoning
 from kvcli.structured.tools import tool_call_format
 
 EngineFactory = Callable[[GenerateConfig], Any]
@@ -162,11 +163,13 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     # The parser leaves max_tokens unset where the line does; the job then fits the default
     # to the prompt, and only an explicit value can overflow the context.
     defaults = replace(cfg.sampling, max_tokens=None)
-    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
+    template = getattr(engine.tokenizer, "chat_template", None)
+    tool_format = tool_call_format(template)
     opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
                                    tool_format, cfg.model_names),
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug)
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug,
+                      reasoning=resolve_reasoning(cfg.reasoning_parser, template))
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
                                 cfg.token_ids)
     counters = RunCounters()

@@ -35,7 +35,7 @@ from kvcli.inputs.fields import (
     unknown_fields,
 )
 from kvcli.inputs.messages import check_messages, check_tools
-from kvcli.inputs.prompt import Prompt, check_text, check_token_ids
+from kvcli.inputs.prompt import Prompt, check_text, check_token_ids, template_kwargs
 
 
 class Format(enum.Enum):
@@ -64,7 +64,8 @@ class InputRequest:
 
 _META = (*ID_FIELDS, *SESSION_KEYS, "metadata", "cache_salt", "model")
 PLAIN_FIELDS = (*_META, *SAMPLING_FIELDS, "prompt", "text", "messages", "prompt_token_ids",
-                "tools", "tool_choice", "parallel_tool_calls", "response_format")
+                "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                "chat_template_kwargs")
 ANTHROPIC_FIELDS = (*_META, "messages", "system", "tools", "tool_choice", "max_tokens",
                     "temperature", "top_p", "top_k", "stop_sequences", "stream", "thinking")
 _ANTHROPIC_SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
@@ -160,10 +161,12 @@ def _plain_prompt(body: dict[str, Any], prefix: str) -> Prompt:
                         f"expected exactly one of prompt, messages, prompt_token_ids or input, got {what}")
     name = prefix + given[0]
     tools = check_tools(body.get("tools"), f"{prefix}tools")
-    if tools is not None and given[0] != "messages":
-        raise LineError(f"{prefix}tools", "only valid together with messages")
+    for name_only_chat in ("tools", "chat_template_kwargs"):
+        if body.get(name_only_chat) is not None and given[0] != "messages":
+            raise LineError(f"{prefix}{name_only_chat}", "only valid together with messages")
     if given[0] == "messages":
-        return Prompt(messages=check_messages(body["messages"], name), tools=tools, source=name)
+        return Prompt(messages=check_messages(body["messages"], name), tools=tools, source=name,
+                      template_kwargs=template_kwargs(body, prefix))
     if given[0] == "prompt_token_ids":
         return Prompt(token_ids=check_token_ids(body["prompt_token_ids"], name), source=name)
     value = body[given[0]]
