@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -51,6 +51,7 @@ class ResultFormatter:
     model_name: str
     tokenizer: Any  # for the text of logprob tokens
     include_token_ids: bool = False
+    cache_block: int = 0  # the prefix cache's block size (0: caching off), for cache writes
     _token_text: dict[int, str] = field(default_factory=dict)
     _token_raw: dict[int, list[int]] = field(default_factory=dict)
     _special_ids: frozenset[int] | None = None
@@ -58,7 +59,8 @@ class ResultFormatter:
     def success(self, req: LineRequest, out: RequestOutput) -> bytes:
         if req.style is Style.PLAIN:
             return dumps_line(self._plain(req, out))
-        body = self._openai_body(req, out)
+        body = self._responses(req, out) if req.style is Style.RESPONSES \
+            else self._openai_body(req, out)
         return dumps_line({
             "id": _new_id("batch_req_"), "custom_id": req.ident.key,
             "response": {"status_code": 200, "request_id": _new_id("req_"), "body": body},
@@ -155,6 +157,22 @@ class ResultFormatter:
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
         return choice
+
+    def _responses(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        """A Responses ``Response`` (Responses have no ``n``: one choice)."""
+        from kvcli.batch.responses_out import response_body, response_usage
+
+        (c,) = out.outputs
+        reply = self._reply(req, c)
+        content, calls = _tool_calls(req, c, reply)  # the text outside the calls is the message
+        reply = replace(reply, content=content)
+        prompt = len(out.prompt_token_ids)
+        # The cache keeps the prompt's full blocks: those not read from it are written to it.
+        written = max(0, prompt - prompt % self.cache_block - out.num_cached_tokens) \
+            if self.cache_block else 0
+        usage = response_usage(prompt, out.num_cached_tokens, written, len(c.token_ids),
+                               reply.reasoning_tokens)
+        return response_body(req, c, reply, calls, self.model_name, usage)
 
     def _reply(self, req: LineRequest, c: CompletionOutput) -> Reply:
         return read_reply(req, c, lambda ids: self.tokenizer.decode(ids))

@@ -170,8 +170,10 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
                       cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug,
                       reasoning=resolve_reasoning(cfg.reasoning_parser, template))
+    caching = cfg.engine.get("enable_prefix_caching", True)
+    block = int(cfg.engine.get("block_size") or 16) if caching else 0
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
-                                cfg.token_ids)
+                                cfg.token_ids, cache_block=block)
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
     if cfg.input_order == "prefix":
