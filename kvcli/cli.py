@@ -16,11 +16,12 @@ from kvcli.commands.cache import cache
 from kvcli.commands.generate import generate
 from kvcli.commands.models import models
 from kvcli.commands.perplexity import perplexity
+from kvcli.commands.serve import serve
 
 # Commands whose start-up (model load, conversion) keeps kvcli/startup.py's exit-at-once
 # Ctrl-C handler; the others get Python's default handling back, as before. perplexity keeps
 # it throughout: it writes nothing until its one result line.
-_CLEAN_EXIT_COMMANDS = frozenset({"generate", "models", "perplexity"})
+_CLEAN_EXIT_COMMANDS = frozenset({"generate", "models", "perplexity", "serve"})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,3 +39,4 @@ main.add_command(models)
 main.add_command(bench)
 main.add_command(cache)
 main.add_command(perplexity)
+main.add_command(serve)

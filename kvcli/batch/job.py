@@ -98,8 +98,10 @@ class BatchJob:
         self._failed_fast = False
 
     # ------------------------------------------------------------------- loop
-    def run(self) -> JobOutcome:
-        with StopSignal() as stop:
+    def run(self, stop: StopSignal | None = None) -> JobOutcome:
+        """``stop``: what asks the job to stop (default: SIGINT / SIGTERM; kvcli serve passes
+        its own, truthy once a batch is cancelled or expires or the server shuts down)."""
+        with stop if stop is not None else StopSignal() as stop:
             try:
                 self._loop(stop)
             except OutputError as err:

@@ -160,20 +160,9 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     show = cfg.progress or sys.stderr.isatty()
     total = _total_lines(cfg) if show and not cfg.quiet else None
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
-    # The parser leaves max_tokens unset where the line does; the job then fits the default
-    # to the prompt, and only an explicit value can overflow the context.
-    defaults = replace(cfg.sampling, max_tokens=None)
-    template = getattr(engine.tokenizer, "chat_template", None)
-    tool_format = tool_call_format(template)
-    opts = JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
-                                   tool_format, cfg.model_names),
-                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug,
-                      reasoning=resolve_reasoning(cfg.reasoning_parser, template))
-    caching = cfg.engine.get("enable_prefix_caching", True)
-    block = int(cfg.engine.get("block_size") or 16) if caching else 0
+    opts = job_options(cfg, engine, where)
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
-                                cfg.token_ids, cache_block=block)
+                                cfg.token_ids, cache_block=cache_block(cfg, engine))
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
     if cfg.input_order == "prefix":
@@ -188,6 +177,29 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
         _silence_stdout(sink)
         return outcome.exit_code
     return _finish(cfg, engine, outcome)
+
+
+def job_options(cfg: GenerateConfig, engine: Any,
+                where: Callable[[int], str] | None = None) -> JobOptions:
+    """The job's per-line options from the command's flags (generate's, and kvcli serve's)."""
+    # The parser leaves max_tokens unset where the line does; the job then fits the default
+    # to the prompt, and only an explicit value can overflow the context.
+    defaults = replace(cfg.sampling, max_tokens=None)
+    template = getattr(engine.tokenizer, "chat_template", None)
+    return JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
+                                   tool_call_format(template), cfg.model_names),
+                      cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug,
+                      reasoning=resolve_reasoning(cfg.reasoning_parser, template))
+
+
+def cache_block(cfg: GenerateConfig, engine: Any) -> int:
+    """The prefix cache's block size, 0 when caching is off (results count the cache's writes);
+    the engine's own config where it has one (a remote engine's: the flags')."""
+    config = getattr(engine, "config", None)
+    caching = getattr(config, "enable_prefix_caching", cfg.engine.get("enable_prefix_caching", True))
+    size = getattr(config, "block_size", None) or cfg.engine.get("block_size") or 16
+    return int(size) if caching else 0
 
 
 def _total_lines(cfg: GenerateConfig) -> int | None:
