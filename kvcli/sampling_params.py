@@ -50,6 +50,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # vLLM's: only these token ids may be sampled (e.g. a classifier's label tokens).
     allowed_token_ids: list[int] | None = None
+    # Set by generate, never by a line: a reply that starts inside a reasoning block gets its
+    # grammar only after these tokens (``</think>``), as vLLM's reasoning + structured outputs.
+    structured_after: list[int] | None = field(default=None, metadata={"internal": True})
 
     def validate(self) -> None:
         """Raise ``ValueError("field: reason")`` for the first invalid field."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 from openai.types.chat import ChatCompletion
@@ -17,6 +18,8 @@ from kvcli.cli import main
 from kvcli.reasoning import PARSERS, detect, resolve
 
 QWEN3, R1 = PARSERS["qwen3"], PARSERS["deepseek_r1"]
+SCHEMA = {"type": "object", "properties": {"urgent": {"type": "boolean"}},
+          "required": ["urgent"], "additionalProperties": False}
 
 # A Qwen3 thinking-style template (as Qwen3-*-Thinking-2507 and QwQ: the generation prompt opens
 # <think>; enable_thinking false gives Qwen3's empty block), rendering reasoning_content.
@@ -120,11 +123,13 @@ def test_generate_splits_reasoning(thinking_model):
              line("cut", max_tokens=3, allowed_token_ids=[word]),
              line("off", chat_template_kwargs={"enable_thinking": False},
                   response_format={"type": "json_object"}),
-             line("constrained", response_format={"type": "json_object"}),
+             line("constrained", max_tokens=40, logit_bias={str(end): 100},
+                  response_format={"type": "json_schema", "json_schema": {
+                      "name": "t", "schema": SCHEMA}}),
              chat_line({"messages": history, "max_tokens": 1}, custom_id="history"),
              chat_line({"messages": history[2:], "max_tokens": 1}, custom_id="short")]
     res, out = _run(path, lines)
-    assert res.exit_code == 1, res.stderr
+    assert res.exit_code == 0, res.stderr
     body = {k: v["response"]["body"] for k, v in out.items() if v["response"]}
 
     think = body["think"]["choices"][0]
@@ -145,8 +150,12 @@ def test_generate_splits_reasoning(thinking_model):
     off = body["off"]["choices"][0]["message"]  # thinking off: all answer, grammar allowed
     assert off["reasoning_content"] is None and off["content"]
     assert body["off"]["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
-    assert out["constrained"]["error"]["param"] == "body.response_format"
-    assert "reasoning" in out["constrained"]["error"]["message"]
+    # the grammar starts after </think> (forced first here): the answer follows the schema
+    constrained = body["constrained"]["choices"][0]
+    assert constrained["token_ids"][0] == end and constrained["message"]["reasoning"] == ""
+    assert constrained["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(constrained["message"]["content"]), SCHEMA)
+    assert end not in constrained["token_ids"][1:]  # the grammar, not the bias, decides
     # the earlier turn's reasoning is rendered: its tokens are prompt tokens
     assert body["history"]["usage"]["prompt_tokens"] > body["short"]["usage"]["prompt_tokens"] \
         + len(tok.encode("<|im_start|>assistant\nAt the edge.<|im_end|>\n"))
@@ -174,3 +183,14 @@ def test_audit_renders_chat_template_kwargs_as_generate(thinking_model):
     off = render_with_template(0, to_request(
         {**body, "chat_template_kwargs": {"enable_thinking": False}}, "f:2"), tokenizer).text
     assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_grammar_where_the_model_may_open_reasoning_itself_is_refused(tiny_models):
+    """qwen3's own template leaves it to the model whether to write <think>: a grammar from
+    the first token would constrain the reasoning, and one after </think> might never start."""
+    line = chat_line({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                      "response_format": {"type": "json_object"}}, custom_id="c")
+    res, out = _run(tiny_models["qwen2"], [line], "--reasoning-parser", "qwen3")
+    assert res.exit_code == 1
+    assert out["c"]["error"]["param"] == "body.response_format"
+    assert "enable_thinking" in out["c"]["error"]["message"]

@@ -37,7 +37,7 @@ class PromptEncoder:
         if self.reasoning is not None and text is not None:
             req.reasoning = self.reasoning
             req.reasoning_inside = self.reasoning.opens(text)
-            _check_constraint(req, text)
+            _check_constraint(req, text, self.tokenizer)
         return self._ids(spec, text)
 
     def _ids(self, spec: PromptSpec, text: str | None) -> list[int]:
@@ -75,16 +75,21 @@ class PromptEncoder:
                             f"{clip(str(err) or type(err).__name__, 200)}") from None
 
 
-def _check_constraint(req: LineRequest, text: str) -> None:
-    """A grammar starts at the reply's first token, so it would constrain the reasoning too: a
-    constrained line whose prompt does not close the reasoning block is refused, not answered
-    wrongly."""
+def _check_constraint(req: LineRequest, text: str, tokenizer: Any) -> None:
+    """A grammar must not constrain the reasoning. A reply that starts inside it (the prompt
+    opens ``<think>``) gets its grammar after ``</think>``, as vLLM's reasoning + structured
+    outputs; one that starts closed needs nothing. Where the model may or may not open a
+    block itself (Qwen3's own template), the line is refused rather than answered wrongly."""
     constraint = req.params.structured_outputs
     if constraint is None or text.rstrip().endswith(END):
+        return
+    if req.reasoning_inside:
+        req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
         return
     path = (constraint.path or f"{req.field_prefix}structured_outputs").split(".")
     name = ".".join(path[:2] if req.field_prefix else path[:1])
     raise LineError(name, "structured outputs and tool calls cannot yet follow a reasoning block "
-                    f"(--reasoning-parser {req.reasoning.name}): the grammar would constrain the "
-                    'reasoning; turn thinking off for the line (e.g. "chat_template_kwargs": '
-                    '{"enable_thinking": false}) or run with --reasoning-parser none')
+                    "the model may or may not open itself (--reasoning-parser "
+                    f"{req.reasoning.name}); turn thinking off for the line (e.g. "
+                    '"chat_template_kwargs": {"enable_thinking": false}) or run with '
+                    "--reasoning-parser none")
