@@ -34,13 +34,15 @@ class _Matcher:
     num_accepted: int = 0  # output tokens the matcher has consumed
     after: tuple[int, ...] = ()  # SamplingParams.structured_after: the grammar waits for these
     start: int | None = 0  # where in the output the grammar starts (None: not yet)
+    scanned: int = 0  # output positions already searched for ``after`` (each step adds one)
 
     def begin(self, output: list[int]) -> int | None:
         """The grammar's first output position, once ``after`` has been written."""
-        if self.start is None:
-            n = len(self.after)
-            self.start = next((i + n for i in range(len(output) - n + 1)
-                               if tuple(output[i:i + n]) == self.after), None)
+        n = len(self.after)
+        while self.start is None and self.scanned < len(output):
+            self.scanned += 1
+            if self.scanned >= n and tuple(output[self.scanned - n:self.scanned]) == self.after:
+                self.start = self.scanned
         return self.start
 
 
