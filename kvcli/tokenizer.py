@@ -262,6 +262,11 @@ class Tokenizer:
             next(iter(self._templates.values())) if len(self._templates) == 1 else None
         )
 
+    def set_chat_template(self, template: str) -> None:
+        """Use ``template`` for every chat prompt instead of the model's own (all of them,
+        named ones included, as vLLM's ``--chat-template`` does)."""
+        self._templates = {"default": template}
+
     def _select_template(self, chat_template: str | None, has_tools: bool) -> str:
         if chat_template is not None:
             return self._templates.get(chat_template, chat_template)

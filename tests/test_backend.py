@@ -1,4 +1,4 @@
-"""The execution backend is chosen once per engine, named, and reported (kvcli/model/backend.py)."""
+"""The execution backend is chosen once per model, named, and reported (kvcli/model/backend.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from kvcli.cli import main
 from kvcli.engine.llm import LLM
-from kvcli.model import backend, native
+from kvcli.model import native
 
 KEYS = {"name", "isa", "decode_attention", "prefill_attention", "batch1_decode", "matmul",
         "elementwise"}
@@ -27,7 +27,7 @@ def test_native_cpu_backend_names_every_phase(tiny_models) -> None:
 
 
 def test_without_native_kernels_the_torch_backend_runs(tiny_models, monkeypatch) -> None:
-    monkeypatch.setattr(backend.native, "load", lambda: None)
+    monkeypatch.setattr(native, "load", lambda: None)
     engine = LLM(str(tiny_models["llama"])).engine
     chosen = engine.runner.backend
     assert (chosen.name, chosen.native, chosen.elementwise) == ("torch-cpu", None, "torch")

@@ -61,9 +61,9 @@ def family_setup(request, tiny_models):
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_greedy_equals_transformers(family_setup, config, monkeypatch):
     if config == "torch-attention":
-        from kvcli.model import backend
+        from kvcli.model import native
 
-        monkeypatch.setattr(backend.native, "load", lambda: None)
+        monkeypatch.setattr(native, "load", lambda: None)
     if config == "native-avx2":
         if "avx2" not in VARIANTS:
             pytest.skip("the CPU has no AVX-512: its native build is the AVX2 one")
@@ -92,9 +92,9 @@ def test_shared_prefix_cascade_equals_transformers(tiny_models, kernel, monkeypa
     """All decoding sequences share a cached prefix: the native kernel reads it in place; the
     torch path attends it once for all of them (cascade)."""
     if kernel == "torch-cascade":
-        from kvcli.model import backend
+        from kvcli.model import native
 
-        monkeypatch.setattr(backend.native, "load", lambda: None)
+        monkeypatch.setattr(native, "load", lambda: None)
     model_dir = tiny_models["llama-gqa"]
     ref = HFReference(model_dir, MAX_NEW)
     llm = LLM(str(model_dir), block_size=BLOCK)
@@ -137,19 +137,20 @@ def test_prefill_cascade_equals_transformers(tiny_models, family, kernel, monkey
     """Prefill chunks of requests admitted after a shared prefix was cached: the torch route
     attends the prefix once for all (prefill_cascade), the native kernel reads it in place for
     each (paged prefill); outputs still equal transformers'."""
-    from kvcli.model import attention, backend
+    from kvcli.model import native
+    from kvcli.model.attention import torch_sdpa
 
     calls = []
     if kernel == "torch-cascade":
-        monkeypatch.setattr(backend.native, "load", lambda: None)
-        real = attention.prefill_cascade
-        monkeypatch.setattr(attention, "prefill_cascade",
+        monkeypatch.setattr(native, "load", lambda: None)
+        real = torch_sdpa.prefill_cascade
+        monkeypatch.setattr(torch_sdpa, "prefill_cascade",
                             lambda *a: calls.append(len(a[2].seqs)) or real(*a))
     else:
-        if backend.native.load() is None:
+        if native.load() is None:
             pytest.skip("no C compiler: the torch path is used")
-        real = backend.native.paged_prefill_attention
-        monkeypatch.setattr(backend.native, "paged_prefill_attention",
+        real = native.paged_prefill_attention
+        monkeypatch.setattr(native, "paged_prefill_attention",
                             lambda *a: calls.append(a[4].shape[0]) or real(*a))
     model_dir = tiny_models[family]
     ref = HFReference(model_dir, MAX_NEW)

@@ -142,7 +142,7 @@ def test_isa_override_is_built_apart_and_reported(monkeypatch):
     """KVCLI_NATIVE_ISA picks the variant; the backend names what was built."""
     from native_variants import VARIANTS
 
-    from kvcli.model.backend import kernel_isa
+    from kvcli.model.platform import kernel_isa
 
     with pytest.raises(ValueError, match="KVCLI_NATIVE_ISA='sse2': expected one of"):
         native.isa_flags("sse2")

@@ -15,9 +15,15 @@ import pytest
 import torch
 from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
 
-from kvcli.model.attention import TorchSDPAAttention, build_attention_metadata
+from kvcli.model.attention import LayerAttention, build_attention_metadata
+from kvcli.model.attention.native_cpu import NativeCPUBackend
+from kvcli.model.platform import Platform
 
 BLOCK = 16
+
+
+def native_backend(lib) -> NativeCPUBackend:
+    return NativeCPUBackend(Platform(torch.device("cpu"), torch.float32, lib, ""))
 
 
 def reference(q, kv, tables, computed, new, window, scale):
@@ -62,10 +68,11 @@ def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_li
     kv = torch.randn(2, 64 * BLOCK, kv_heads, dim)
     rows = sum(new)
     q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
-    meta = build_attention_metadata(tables, computed, new, BLOCK, "cpu", native=native_lib)
+    backend = native_backend(native_lib)
+    meta = backend.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
     assert meta.paged_prefill is not None and 4 not in meta.paged_prefill.seq_ids
     scale = dim ** -0.5
-    got = TorchSDPAAttention(scale, window).forward(q, k, v, kv, meta)  # writes k, v first
+    got = backend.layer(LayerAttention(scale, window)).forward(q, k, v, kv, meta)  # writes k, v
     want = reference(q, kv, tables, computed, new, window, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
@@ -93,11 +100,12 @@ def test_shared_prefix_decode_equals_float64(threads, native_lib, monkeypatch): 
     kv = torch.randn(2, (nxt + 5) * BLOCK, kv_heads, dim)
     rows = sum(new)
     q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
-    meta = build_attention_metadata(tables, computed, new, BLOCK, "cpu", native=native_lib)
+    backend = native_backend(native_lib)
+    meta = backend.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
     shared = meta.shared_decode
     assert shared is not None and shared.groups.tolist() == [[0, 17, 80], [17, 3, 96]]
     assert shared.rest is not None and shared.rest.seqs == [20]
     scale = dim ** -0.5
-    got = TorchSDPAAttention(scale).forward(q, k, v, kv, meta)
+    got = backend.layer(LayerAttention(scale)).forward(q, k, v, kv, meta)
     want = reference(q, kv, tables, computed, new, None, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)

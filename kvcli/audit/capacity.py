@@ -1,6 +1,6 @@
 """Cache sizes (--cache-size in tokens, blocks or bytes) and the capacity report built at the end.
 
-Bytes follow the engine's KV layout (kvcli/model/attention.py kv_cache_bytes_per_block):
+Bytes follow the engine's KV layout (kvcli/model/attention/kv_cache.py kv_cache_bytes_per_block):
 layers x 2 (K and V) x kv_heads x head_dim x dtype bytes per token, read from the model's
 config.json with the engine's own parser (kvcli/checkpoint/config.py, torch-free), so
 `--cache-size 1GiB` is the pool `kvcli generate --kv-cache-memory 1GiB` gets.
@@ -111,6 +111,7 @@ class CapacityReport:
     assumes: str = ASSUMES
     ordering: Any = None  # ordering.OrderingAdvice, added by the command
     engine_pool: CurvePoint | None = None  # with --model: at `kvcli generate`'s default pool
+    kv_dtype: str | None = None  # with --model: the KV element type the bytes are counted in (--dtype)
 
     def size_bytes(self, blocks: int) -> int | None:
         return blocks * self.block_size * self.token_bytes if self.token_bytes else None

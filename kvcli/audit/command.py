@@ -8,16 +8,16 @@ import sys
 from concurrent.futures import BrokenExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.baseline import BaselineObserver
-from kvcli.audit.capacity import CapacityReport, SizeError, bytes_per_token, parse_size
-from kvcli.audit.disk import open_disk_hits
+from kvcli.audit.capacity import CapacityReport
+from kvcli.audit.configure import cache_options, disk_hits, make_profile
+from kvcli.audit.fix_command import run_fix
 from kvcli.audit.ordering import advice_size, advise
-from kvcli.audit.profiles import get_profile
 from kvcli.audit.reading import diff_requests, relabel, requests
 from kvcli.audit.records import SEVERITY_RANK, Finding, InputProblem, PromptResult
 from kvcli.audit.report_baseline import baseline_dict, baseline_lines, make_observer, write_baseline
@@ -30,12 +30,10 @@ from kvcli.audit.report_text import blocks_lines, findings_lines, summary_lines
 from kvcli.audit.report_timing import timing_dict, timing_lines
 from kvcli.audit.sources import InputError, check_paths
 from kvcli.audit.style import Style
-from kvcli.audit.tokenizers import (
-    AuditTokenizer,
-    ModelTokenizer,
-    TokenizerLoadError,
-    load_tokenizer,
-)
+from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
+from kvcli.audit.trace_command import run_trace
+from kvcli.audit.traffic import TrafficCompare, load_responses, traffic_dict, traffic_lines
+from kvcli.audit.worth import ShareCounter, Worth, worth_dict, worth_lines
 
 if TYPE_CHECKING:
     from kvcli.checkpoint.convert import TensorWriter
@@ -68,6 +66,14 @@ class AuditOptions:
     time_field: str | None = None
     cache_ttl: float | None = None
     slots: int | None = None
+    responses: str | None = None  # --responses FILE: a batch output file joined by custom_id
+    provider_rules: str | None = None  # --provider-rules FILE: per-model minimums and prices
+    dtype: str = "float32"  # generate's --dtype: the KV cache's element type (bytes in --cache-size)
+    prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
+    fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
+    fix_rules: str | None = None
+    trace_block_size: int | None = None  # the input is a hash-id trace with blocks of this size
+    trace_time_unit: str = "ms"
     # A GGUF --model's conversion step (torch): the command passes it, the audit never imports it.
     write_tensors: TensorWriter | None = None
 
@@ -97,7 +103,11 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
         _error("- (stdin) can be given only once")
         return EXIT_USAGE
     try:
-        return _run(opts, stdin, out)
+        if opts.fix_rules and not opts.fix:
+            raise InputError("--fix-rules: give --fix OUT too (the rules pick what --fix rewrites)")
+        if opts.trace_block_size:
+            return run_trace(opts, stdin, out)
+        return run_fix(opts, out) if opts.fix else _run(opts, stdin, out)
     except (InputError, TokenizerLoadError) as err:
         _error(str(err))
         return EXIT_USAGE
@@ -114,10 +124,7 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
 
 
 def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
-    try:
-        profile = get_profile(opts.profile).with_overrides(opts.block_size, opts.min_tokens, opts.slots)
-    except ValueError as err:
-        raise InputError(str(err)) from err
+    profile = make_profile(opts)
     paths = check_paths(opts.paths) if not opts.diff else []
     tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
     problems: list[InputProblem] = []
@@ -132,14 +139,20 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     config = AuditConfig(profile, show_blocks=opts.show_blocks or bool(opts.diff), excerpts=excerpts, freeze_gc=True)
     config.capacity = not opts.diff
     config.ttl = opts.cache_ttl
-    _cache_options(opts, config, tokenizer)
-    config.disk = _disk_hits(opts, config, tokenizer)
+    cache_options(opts, config, tokenizer)
+    config.disk = disk_hits(opts, config, tokenizer)
     auditor = Auditor(config, tokenizer)
     baseline = make_observer(opts.write_baseline, opts.baseline, tokenizer, profile)
+    shares = ShareCounter(profile.block_size, max(profile.block_size, profile.min_tokens_for(None)))
+    traffic = TrafficCompare(profile.block_size)
+    auditor.observers += [shares, traffic]
     if baseline is not None:
         auditor.observers.append(baseline)
     picked = diff_requests(opts.paths, opts.diff, stdin, on_problem) if opts.diff else None
     source = picked if picked is not None else requests(paths, stdin, opts.time_field)
+    if opts.responses:
+        traffic.responses = load_responses(opts.responses, on_problem)
+        source = traffic.responses.join(source)
     keep = opts.fmt != "jsonl" or bool(opts.html_path)  # jsonl alone streams: keep no results
     results: list[PromptResult] = []
     findings: list[Finding] = []
@@ -162,43 +175,9 @@ def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         return EXIT_USAGE
     if baseline is not None and opts.write_baseline:
         click.echo(f"kvcli audit: {write_baseline(baseline, opts.write_baseline)}", err=True)
-    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline)
+    _report(opts, auditor, tokenizer.name, results, findings, problems, out, baseline, (shares, traffic))
     status = _exit_status(findings, opts.fail_on)
     return EXIT_FINDINGS if baseline is not None and baseline.moved else status
-
-
-def _cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> None:
-    """--cache-size (tokens, blocks, or bytes of the model's KV layout) and --concurrency."""
-    if opts.concurrency is not None and opts.cache_size is None:
-        raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
-    if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
-        config.token_bytes = bytes_per_token(tokenizer.directory)
-    if opts.cache_size is None:
-        return
-    if config.profile.hit_model != "blocks":
-        how = {"breakpoints": "reads at breakpoints", "tokens": "caches tokens in a radix tree",
-               "slots": "keeps one prompt per slot"}[config.profile.hit_model]
-        raise InputError(f"--cache-size: the {config.profile.name} profile {how}, not from a block pool")
-    try:
-        config.cache_blocks = parse_size(opts.cache_size, config.profile.block_size, config.token_bytes)
-    except SizeError as err:
-        raise InputError(str(err)) from err
-    config.concurrency = opts.concurrency or 1
-
-
-def _disk_hits(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer) -> Any:
-    """--kv-cache-dir: what a persistent KV cache (kvcli generate --kv-cache-dir) already holds."""
-    if opts.kv_cache_dir is None:
-        return None
-    if not isinstance(tokenizer, ModelTokenizer) or tokenizer.directory is None:
-        raise InputError("--kv-cache-dir: give --model too (blocks on disk are keyed by the model)")
-    if config.profile.hit_model != "blocks":
-        raise InputError(f"--kv-cache-dir: the {config.profile.name} profile has no block pool")
-    try:
-        return open_disk_hits(opts.kv_cache_dir, tokenizer.directory, config.profile.block_size,
-                              opts.model or "", opts.quantization)
-    except (OSError, ValueError) as err:
-        raise InputError(f"--kv-cache-dir {opts.kv_cache_dir}: {err}") from err
 
 
 def _why_none(problems: list[InputProblem]) -> str:
@@ -218,11 +197,17 @@ def _report(
     problems: list[InputProblem],
     out: IO[bytes],
     baseline: BaselineObserver | None = None,
+    observed: tuple[ShareCounter, TrafficCompare] | None = None,
 ) -> None:
     profile, summary = auditor.profile, auditor.summary
     # The run-wide reports (a pass over the block tree each): not for --diff or jsonl alone.
     wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
     capacity = _capacity(auditor) if wanted else None
+    if capacity is not None and capacity.token_bytes:
+        capacity.kv_dtype = opts.dtype
+    bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
+    shares, traffic = observed if observed is not None else (None, None)
+    worth = Worth(summary.tokens, summary.cached_tokens, bounded, opts.prefill_tok_s, shares, auditor.hits)
     groups = auditor.prefix_groups() if wanted else None
     id_of = auditor.ctx.id_of
     if opts.html_path:
@@ -234,7 +219,9 @@ def _report(
     if opts.fmt == "json":
         extras = {"capacity": capacity_dict(capacity) if capacity is not None else None,
                   "provider_replay": timing_dict(auditor.hits),
-                  "prefix_groups": groups_dict(groups, id_of) if groups is not None else None}
+                  "prefix_groups": groups_dict(groups, id_of) if groups is not None else None,
+                  "worth": worth_dict(worth) if wanted else None,
+                  "traffic": traffic_dict(traffic) if traffic is not None else None}
         if baseline is not None and baseline.expected is not None:
             extras["baseline"] = baseline_dict(baseline, profile.block_size)
         out.write(document(tokenizer, profile, summary, results, findings, problems, extras))
@@ -249,6 +236,9 @@ def _report(
             sources = {r.index: r.source for r in results}
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += timing_lines(auditor.hits, style)
+            priced = auditor.hits.cost is not None and bool(auditor.hits.cost.models)
+            lines += worth_lines(worth, style) if opts.prefill_tok_s or priced else []
+            lines += traffic_lines(traffic, opts.limit, style) if traffic is not None else []
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
             if baseline is not None and baseline.expected is not None:

@@ -18,7 +18,7 @@ from kvcli.audit.prefix_index import Match
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import RenderedPrompt
 from kvcli.audit.slots import SlotCache
-from kvcli.audit.timing import LIFETIME_S, Clock, Cost
+from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 
 
 @dataclass(slots=True)
@@ -34,7 +34,9 @@ class HitCounter:
     def make(cls, profile: Profile, ttl: float | None = None,
              disk: Container[bytes] | None = None) -> HitCounter:
         lifetime = ttl if ttl is not None else LIFETIME_S.get(profile.name)
-        cost = Cost(profile.name) if profile.name in ("openai", "anthropic") else None
+        cost = None
+        if profile.name in ("openai", "anthropic"):
+            cost = Cost(profile.name, prices=profile.input_prices, as_of=profile.prices_as_of or PRICES_AS_OF)
         slots = SlotCache(profile.slots) if profile.hit_model == "slots" else None
         return cls(profile, Clock.make(lifetime), BreakpointCache(profile.lookback_blocks, lifetime), cost, slots,
                    disk)
@@ -60,7 +62,8 @@ class HitCounter:
             if not marked:  # automatic caching: the breakpoint sits on the last block before generation
                 content = [j for j, s in enumerate(prompt.segments) if s.kind != "generation"]
                 marked = content[-1:]
-            read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, now)
+            where = [f"{prompt.request.source} {s.label}" for s in prompt.segments]
+            read = self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, now, where)
             cached = read.cached
         if self.cost is not None:
             self.cost.add(prompt.request.model, len(ids), cached, read.written if read else 0)

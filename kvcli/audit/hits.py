@@ -86,12 +86,15 @@ class BreakpointCache:
     """Anthropic-style writes and reads at content-block boundaries; with request times, an
     entry lives `ttl` seconds after its last write or read."""
 
-    __slots__ = ("lookback", "ttl", "_written")
+    __slots__ = ("lookback", "ttl", "_written", "unread")
 
     def __init__(self, lookback: int, ttl: float | None = None) -> None:
         self.lookback = lookback
         self.ttl = ttl
         self._written: dict[bytes, float | None] = {}  # prefix hash -> last write or read
+        # Writes no later request has read yet: prefix hash -> (tokens billed as a write, where).
+        # What is left at the end was paid for at the write price and never used.
+        self.unread: dict[bytes, tuple[int, str]] = {}
 
     @staticmethod
     def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
@@ -111,7 +114,7 @@ class BreakpointCache:
 
     def step(
         self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int,
-        now: float | None = None,
+        now: float | None = None, where: Sequence[str] = (),
     ) -> BreakpointRead:
         """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block indexes."""
         hashes = self._prefix_hashes(ids, ends, salt)
@@ -121,14 +124,18 @@ class BreakpointCache:
                 if self._alive(hashes[j], now):
                     cached = max(cached, ends[j])
                     self._written[hashes[j]] = now  # a read refreshes the entry
+                    self.unread.pop(hashes[j], None)
                     break
         for j in range(len(ends) - 1, -1, -1):
             if self._alive(hashes[j], now):
                 reachable = ends[j]
                 break
+        before = cached  # an earlier breakpoint's tokens are its own write, not this one's
         for b in marked:
             if ends[b] >= min_tokens:
                 if not self._alive(hashes[b], now):
                     written = max(written, ends[b] - cached)
+                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "")
                 self._written[hashes[b]] = now
+                before = max(before, ends[b])
         return BreakpointRead(cached, reachable, len(marked), written)

@@ -33,4 +33,13 @@ def to_request(value: Any, where: str, is_text: bool = False) -> PromptRequest |
     try:
         return parse_request_record(value, where)
     except LineError as err:
+        if looks_like_trace(value):
+            return InputProblem(where, "a hash-id trace line (timestamp, input_length, hash_ids), not a request: "
+                                "give --trace-block-size N (Mooncake's traces: 512, Alibaba Bailian's: 16)")
         return InputProblem(where, str(err))
+
+
+def looks_like_trace(value: Any) -> bool:
+    """A hash-id trace line, not a request: what a text audit should say instead of 'no prompt'."""
+    return isinstance(value, dict) and "hash_ids" in value and "input_length" in value and not (
+        {"messages", "prompt", "body", "params", "input"} & value.keys())

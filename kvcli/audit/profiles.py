@@ -27,6 +27,8 @@ class Profile:
     model_min_tokens: tuple[tuple[str, int], ...] = ()  # (model id prefix, minimum)
     source: str = ""
     as_of: str = ""
+    input_prices: tuple[tuple[str, float], ...] = ()  # (model prefix, US$/M input); () = timing.py's table
+    prices_as_of: str = ""  # where input_prices come from ("" = timing.PRICES_AS_OF)
 
     def min_tokens_for(self, model: str | None) -> int:
         """The minimum for `model`: the longest matching prefix in the table, else the default."""

@@ -10,20 +10,25 @@ from kvcli.audit.parse import to_request
 from kvcli.audit.records import InputProblem, PromptRequest, PromptResult
 from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
 from kvcli.audit.timing import TimeFieldError, request_time
+from kvcli.audit.traffic import is_pair, unwrap
 
 
 def requests(paths: list[str], stdin: IO[bytes] | None, time_field: str | None = None) -> Iterator[PromptRequest | InputProblem]:
     for item in iter_records(paths, stdin):
-        if not isinstance(item, RawRecord):
-            yield item
-            continue
-        request = to_request(item.value, item.where, item.is_text)
-        if isinstance(request, PromptRequest) and not item.is_text:
-            try:
-                request.time = request_time(item.value, time_field)
-            except TimeFieldError as err:
-                request = InputProblem(item.where, str(err))
-        yield request
+        yield request_of(item, time_field) if isinstance(item, RawRecord) else item
+
+
+def request_of(item: RawRecord, time_field: str | None = None) -> PromptRequest | InputProblem:
+    """One record as a request, with its time."""
+    value, actual = unwrap(item.value) if not item.is_text and is_pair(item.value) else (item.value, None)
+    request = to_request(value, item.where, item.is_text)
+    if isinstance(request, PromptRequest) and not item.is_text:
+        request.actual = actual
+        try:
+            request.time = request_time(value, time_field)
+        except TimeFieldError as err:
+            request = InputProblem(item.where, str(err))
+    return request
 
 
 Problem = Callable[[InputProblem], None]

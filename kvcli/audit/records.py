@@ -45,6 +45,7 @@ class PromptRequest:
     prompt: Prompt | None = None  # the shared request model's prompt (None: a text file)
     position: int | None = None  # 0-based place in the input, where --diff picked it
     time: float | None = None  # seconds since the epoch (created, timestamp, --time-field)
+    actual: Any = None  # traffic.Actual: what the provider cached, for a logged request+response pair
 
     @property
     def is_chat(self) -> bool:

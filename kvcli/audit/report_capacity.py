@@ -48,6 +48,10 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
         e = report.engine_pool
         lines.append(f"  at kvcli generate's default pool, {size_label(report, e.blocks)}: {e.cached_tokens:,} "
                      f"cached tokens, {e.hit_rate:.1%} hit rate")
+    if report.token_bytes and report.kv_dtype:
+        lines.append(f"  KV: {report.token_bytes:,} bytes per token in {report.kv_dtype} (the model's layers x 2 x KV "
+                     f"heads x head dim x element size), as `kvcli generate --dtype {report.kv_dtype}` allocates; "
+                     "--quantization changes weights, not the KV cache")
     lines.append(f"  hit rate by cache size (working set {size_label(report, report.working_set_blocks)}):")
     for p in _thin(report.curve):
         bar = "█" * round(BAR * p.hit_rate / max(report.unbounded_hit_rate, 1e-9))
@@ -98,6 +102,7 @@ def capacity_dict(report: CapacityReport) -> dict[str, Any]:
         "curve": [_point(p) for p in report.curve],
         "elbow": _point(report.elbow) if report.elbow is not None else None,
         "engine_pool": _point(report.engine_pool) if report.engine_pool is not None else None,
+        "kv_dtype": report.kv_dtype,
         "ordering": None if report.ordering is None else {
             "blocks": report.ordering.blocks, "given_hit_rate": report.ordering.given_hit_rate,
             "sorted_hit_rate": report.ordering.sorted_hit_rate, "advice": ordering_sentence(report)},

@@ -12,7 +12,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,25 @@ OPENAI_DEFAULT_READ = 0.5
 # TTL) or 2x (1 hour), reads 0.1x the base input price, for every current model.
 ANTHROPIC_WRITE, ANTHROPIC_READ = 1.25, 0.1
 PRICES_AS_OF = "2025-08"
+
+# Base input price in US$ per million tokens, by model id prefix (the longest match wins); cached
+# reads (and Anthropic's writes) are these times the multipliers above. OpenAI:
+# platform.openai.com/docs/pricing; Anthropic: docs.anthropic.com/en/docs/about-claude/pricing;
+# both copies of 2025-08 (PRICES_AS_OF). A model not in the table gets no dollar figure.
+INPUT_USD_PER_MTOK: dict[str, tuple[tuple[str, float], ...]] = {
+    "openai": (("gpt-5", 1.25), ("gpt-5-mini", 0.25), ("gpt-5-nano", 0.05), ("gpt-4.1", 2.00),
+               ("gpt-4.1-mini", 0.40), ("gpt-4.1-nano", 0.10), ("gpt-4o", 2.50), ("gpt-4o-mini", 0.15),
+               ("o3", 2.00), ("o4-mini", 1.10), ("o1", 15.00)),
+    "anthropic": (("claude-opus-4", 15.00), ("claude-opus-4-1", 15.00), ("claude-sonnet-4", 3.00),
+                  ("claude-3-7-sonnet", 3.00), ("claude-3-5-sonnet", 3.00), ("claude-3-5-haiku", 0.80),
+                  ("claude-3-haiku", 0.25), ("claude-3-opus", 15.00)),
+}  # fmt: skip
+
+
+def input_price(profile: str, model: str | None, table: tuple[tuple[str, float], ...] = ()) -> float | None:
+    """US$ per input token for `model` (from `table`, else the built-in one), None when not priced."""
+    matches = [(len(p), usd) for p, usd in table or INPUT_USD_PER_MTOK.get(profile, ()) if model and model.startswith(p)]
+    return max(matches)[1] / 1e6 if matches else None
 
 
 class TimeFieldError(ValueError):
@@ -110,11 +129,25 @@ class Cost:
     profile: str
     tokens: int = 0
     units: float = 0.0  # in base input tokens
+    usd_uncached: float = 0.0  # the priced requests' input at the table's prices, no cache
+    usd_cached: float = 0.0  # the same with the cache's reads and writes
+    unpriced: int = 0  # requests whose model the price table lacks
+    models: set[str] = field(default_factory=set)  # the priced models seen
+    prices: tuple[tuple[str, float], ...] = ()  # --provider-rules' table; () = INPUT_USD_PER_MTOK
+    as_of: str = PRICES_AS_OF
 
     def add(self, model: str | None, tokens: int, cached: int, written: int = 0) -> None:
         read, write = self.multipliers(model)
+        units = (tokens - cached - written) + cached * read + written * write
         self.tokens += tokens
-        self.units += (tokens - cached - written) + cached * read + written * write
+        self.units += units
+        price = input_price(self.profile, model, self.prices)
+        if price is None:
+            self.unpriced += 1
+            return
+        self.models.add(str(model))
+        self.usd_uncached += tokens * price
+        self.usd_cached += units * price
 
     def multipliers(self, model: str | None) -> tuple[float, float]:
         if self.profile == "anthropic":

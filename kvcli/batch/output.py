@@ -107,9 +107,10 @@ class ResultFormatter:
         reply = self._reply(req, c)
         choice: dict[str, Any] = {"index": c.index, "text": reply.content,
                                   **reply.fields(), "finish_reason": c.finish_reason}
-        _, calls = _tool_calls(req, c, reply)
-        if calls:
-            choice.update(tool_calls=calls, finish_reason="tool_calls")
+        content, calls = _tool_calls(req, c, reply)
+        if calls:  # as the OpenAI line's message: text is its content (a string, "" if none)
+            choice.update(text=content or "", tool_calls=calls,
+                          finish_reason=_calls_finish(c))
         if c.logprobs is not None and req.params.logprobs is not None:
             choice["logprobs"] = plain_logprobs(c.token_ids, c.logprobs, req.params.logprobs,
                                                 self._decode)
@@ -152,7 +153,7 @@ class ResultFormatter:
             logprobs = chat_logprobs(c.token_ids, c.logprobs, k, self._decode, self._raw_bytes)
         elif c.logprobs is not None and k is not None:
             logprobs = completion_logprobs(c.token_ids, c.logprobs, k, self._decode)
-        choice.update(logprobs=logprobs, finish_reason="tool_calls" if calls else c.finish_reason,
+        choice.update(logprobs=logprobs, finish_reason=_calls_finish(c) if calls else c.finish_reason,
                       stop_reason=c.stop_reason)
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
@@ -208,13 +209,21 @@ class ResultFormatter:
 
 def _tool_calls(req: LineRequest, c: CompletionOutput, reply: Reply
                 ) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a reply that stopped on a line with tools (kvcli.structured);
-    the calls are read from the answer, after any reasoning."""
-    if req.tool_format is None or c.finish_reason != "stop" or reply.content is None:
+    """(content, tool_calls) of a reply on a line with tools (kvcli.structured): the complete
+    calls to the line's own functions, also of a reply cut by max_tokens; read from the
+    answer, after any reasoning."""
+    if req.tool_format is None or c.finish_reason not in ("stop", "length") \
+            or reply.content is None:
         return reply.content, []
-    from kvcli.structured.tools import parse_tool_calls
+    from kvcli.structured.tools import parse_tool_calls, tool_names
 
-    return parse_tool_calls(reply.content, req.tool_format)
+    return parse_tool_calls(reply.content, req.tool_format, tool_names(req.prompt.tools))
+
+
+def _calls_finish(c: CompletionOutput) -> str:
+    """"tool_calls" for a reply that stopped; one cut by max_tokens stays "length", so a
+    consumer sees that more may have followed."""
+    return "tool_calls" if c.finish_reason == "stop" else c.finish_reason
 
 
 def _completion_tokens(out: RequestOutput) -> int:

@@ -132,12 +132,13 @@ def _check_supported(req: InputRequest) -> None:
 
 
 def _constrain(req: InputRequest) -> None:
-    """``response_format`` / ``structured_outputs`` -> the one constraint the engine enforces."""
+    """``response_format`` / ``structured_outputs`` / vLLM's ``guided_*`` -> the one constraint
+    the engine enforces."""
     responses = req.format in (Format.RESPONSES, Format.OPENAI_RESPONSES)
     name = "text.format" if responses else "response_format"
     try:
         constraint = line_constraint(req.sampling.pop("structured_outputs", None),
-                                     req.response_format, req.prefix, name)
+                                     req.response_format, req.prefix, name, req.guided)
     except ValueError as err:
         raise LineError.from_value_error(err) from None
     if constraint is not None:

@@ -137,6 +137,64 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "openai 300, anthropic 300; engines: none].",
 )
 @click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+    help="With --model: the `kvcli generate --dtype` the KV cache is allocated in (sizes in bytes, "
+    "the default pool, --kv-cache-dir's key).",
+)
+@click.option(
+    "--responses",
+    metavar="FILE",
+    default=None,
+    help="A batch output file (OpenAI or Anthropic) joined with PATH by custom_id: the provider's actual "
+    "cached tokens beside the prediction.",
+)
+@click.option(
+    "--provider-rules",
+    metavar="FILE",
+    default=None,
+    help="JSON of per-model minimum cacheable tokens and input prices over the built-in tables "
+    '({"as_of", "source", "models": {PREFIX: {"min_tokens", "input_usd_per_mtok"}}}).',
+)
+@click.option(
+    "--prefill-tok-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="RATE",
+    help="Prefill tokens per second of the target (an estimate): the report gives the prefill time the cache saves.",
+)
+@click.option(
+    "--fix",
+    metavar="OUT",
+    default=None,
+    help="Write PATH (one JSONL file) to OUT with the fixes that keep the meaning (--fix-rules), each "
+    "re-simulated and kept only when the replay gets no worse; lists every change by line and field.",
+)
+@click.option(
+    "--fix-rules",
+    metavar="RULES",
+    default=None,
+    help="Comma-separated: json, tools, whitespace (the default: canonicalisations) and volatile "
+    "(opt-in: moves timestamps/ids from the system text to the end of the last message); or all.",
+)
+@click.option(
+    "--trace-block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="PATH is a hash-id trace ({timestamp, input_length, output_length, hash_ids} lines, one id per "
+    "N-token block: Mooncake 512, Alibaba Bailian 16): replay it through the same cache models.",
+)
+@click.option(
+    "--trace-time-unit",
+    type=click.Choice(("ms", "s")),
+    default="ms",
+    show_default=True,
+    help="The trace's timestamp unit (Mooncake: ms since the first request).",
+)
+@click.option(
     "--write-baseline",
     metavar="FILE",
     default=None,

@@ -36,6 +36,23 @@ def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) ->
         raise click.BadParameter(str(err)) from None
 
 
+def _chat_template(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """vLLM's --chat-template: a file's template, or the template itself on one line."""
+    if value is None:
+        return None
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise click.BadParameter(f"cannot read {value}: {err}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise click.BadParameter(f"{value}: no such file (and not a template: no {{{{ or {{%)")
+
+
 def _names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
            ) -> tuple[str, ...]:
     names = tuple(n.strip() for v in value for n in v.split(","))
@@ -112,6 +129,10 @@ _ENGINE_OPTIONS = [
                  help="smollm2-135m, a NAME from `kvcli models`, a local Hugging Face directory, "
                       "a .gguf file, or ORG/NAME on the hub (downloaded when not in the local "
                       "cache, unless HF_HUB_OFFLINE=1)."),
+    click.option("--chat-template", callback=_chat_template, metavar="FILE",
+                 help="Render chat lines with this Jinja chat template instead of the model's "
+                      "(a file, or the template itself), as vLLM's flag; its tool-call format is "
+                      "the one replies are parsed with (samples/hermes_tools.jinja)."),
     click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
                  help="Tokens per KV block (and per prefix-cache hash)."),
     click.option("--num-blocks", type=click.IntRange(min=1),
@@ -140,6 +161,10 @@ _ENGINE_OPTIONS = [
     click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
                  help="Bound of --kv-cache-dir, least recently used blocks deleted first "
                       "(default 8GiB)."),
+    click.option("--structured-compile-timeout", type=click.FloatRange(min=0), default=30.0,
+                 show_default=True, metavar="SECONDS",
+                 help="Time one output constraint's grammar may take to compile; the lines "
+                      "using it fail past it, the others run meanwhile (0 = no limit)."),
 ]
 
 _RAY_OPTIONS = [
@@ -272,4 +297,6 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
         "quantization": opts["quantization"],
+        "structured_compile_timeout": opts["structured_compile_timeout"] or None,
+        "chat_template": opts["chat_template"],
     }

@@ -86,4 +86,7 @@ def _load_tokenizer(cfg: GenerateConfig) -> Any:
     model_dir = resolve_model(cfg.engine.get("model"),
                               allow_pickle=bool(cfg.engine.get("allow_pickle")),
                               quantization=cfg.engine.get("quantization"))
-    return Tokenizer.from_dir(model_dir)
+    tokenizer = Tokenizer.from_dir(model_dir)
+    if cfg.engine.get("chat_template") is not None:  # --chat-template: as the engines render
+        tokenizer.set_chat_template(cfg.engine["chat_template"])
+    return tokenizer

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT
+
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
 MAX_DEFAULT_BLOCKS = 32768
 
@@ -26,6 +28,9 @@ class EngineConfig:
     kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
     kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
     quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
+    # Seconds one constraint's grammar may take to compile (its lines fail past it); None: no limit
+    structured_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT
+    chat_template: str | None = None  # a Jinja template replacing the model's (--chat-template)
 
 
 def budget_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:

@@ -96,6 +96,8 @@ class LLMEngine:
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
         tokenizer = Tokenizer.from_dir(model_dir)
+        if config.chat_template is not None:
+            tokenizer.set_chat_template(config.chat_template)
         if config.quantization:
             from kvcli.model.quant.load import load_quantized
 
@@ -145,7 +147,8 @@ class LLMEngine:
             from kvcli.engine.structured_decoding import StructuredDecoding
 
             self.structured = StructuredDecoding(self.tokenizer, self.vocab_size,
-                                                 self.eos_token_ids)
+                                                 self.eos_token_ids,
+                                                 self.config.structured_compile_timeout)
             self.sampler.logits_mask = self.structured.mask
         return self.structured.compile(params.structured_outputs)
 
@@ -202,7 +205,9 @@ class LLMEngine:
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Constrained requests join the scheduler once their grammar is compiled (compiling in
-        a thread holds up no running row); a grammar that failed fails its request."""
+        a thread holds up no running row); a grammar that failed or ran past its time limit
+        fails its request. With nothing to run, this waits at most 0.1 s for a compile: the
+        caller's loop then sees a stop signal promptly."""
         if self.structured is None or not self.structured.pending:
             return []
         if not self.scheduler.has_unfinished():

@@ -16,7 +16,7 @@ from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
 from kvcli.model.attention import build_attention_metadata
-from kvcli.model.backend import Backend, select_backend
+from kvcli.model.backend import Backend, model_backend
 
 
 class ModelRunner:
@@ -33,8 +33,8 @@ class ModelRunner:
         self.block_size = block_size
         self.sampler = sampler
         self.device = torch.device(device)
-        # Chosen once for the engine: which kernels run each phase (kvcli/model/backend.py).
-        self.backend: Backend = select_backend(model, kv_cache, self.device)
+        # Chosen once, when the model was built: which kernels run each phase (model/backend.py).
+        self.backend: Backend = model_backend(model)
         self.native = self.backend.native
 
     @torch.inference_mode()
@@ -58,9 +58,9 @@ class ModelRunner:
             if start + n == req.num_tokens:  # chunk reaches the end: this row samples
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(req)
+        # The common fields, once per step; the model's attention backend builds its own.
         meta = build_attention_metadata(
             block_tables, num_computed, list(out.num_new_tokens), self.block_size, self.device,
-            self.native,
         )
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)

@@ -3,7 +3,7 @@
 A model whose every attention layer has a window ``w`` (Mistral, Mixtral, Phi-3-mini-4k, Qwen2
 with ``use_sliding_window`` on all layers) never attends a key older than ``w`` positions: a
 query at position ``p`` sees keys in ``(p - w, p]`` (transformers' mask, ``kv > q - w``, and
-``attention.attention_mask``). The next query of a request sits at ``num_computed_tokens``, and
+``attention.common.attention_mask``). The next query of a request sits at ``num_computed_tokens``, and
 later ones further right, so no future step reads a token before ``num_computed_tokens - w + 1``.
 Every block that ends before it is released while the request runs:
 

@@ -1,8 +1,8 @@
 """Grammar-constrained sampling inside the engine: one matcher per request, masks per step.
 
 The engine hands a constrained request's samples to :meth:`StructuredDecoding.hold` while
-its grammar compiles (once per run, shared by every request with the same constraint, in
-a background thread) and schedules them once :meth:`ready` returns them; the sampler calls :meth:`mask` on each step's logits before anything else reads them, and
+its grammar compiles (once per run, shared by every request with the same constraint, on
+a worker thread with a time limit) and schedules them once :meth:`ready` returns them; the sampler calls :meth:`mask` on each step's logits before anything else reads them, and
 the engine calls :meth:`accept` with every token it appends. Only the rows of constrained
 requests are filled and masked: the other rows' logits are never written, so their outputs
 stay byte-identical to a run without structured outputs.
@@ -16,13 +16,14 @@ its grammar was.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvcli.engine.request import Request
+from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT
 from kvcli.structured.grammars import GrammarCache
 from kvcli.structured.params import StructuredOutputsParams
 from kvcli.structured.validity import StructuredStats, is_valid
@@ -47,8 +48,9 @@ class _Matcher:
 
 
 class StructuredDecoding:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
-        self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids)
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
+                 compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
+        self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids, compile_timeout)
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._matchers: dict[str, _Matcher] = {}
@@ -68,13 +70,17 @@ class StructuredDecoding:
         return bool(self._held)
 
     def wait(self) -> None:
-        """Block until the oldest held grammar is compiled (when nothing else can run)."""
+        """Wait a little for a held grammar (when nothing else can run): at most 0.1 s, so the
+        caller sees a stop signal and a compile's time limit promptly."""
         if self._held:
-            wait([self._held[0][0]])
+            left = self.grammars.worker.seconds_left()
+            wait([f for f, _ in self._held], timeout=0.1 if left is None else min(0.1, left),
+                 return_when=FIRST_COMPLETED)
 
     def ready(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Held samples whose grammar is compiled (their matchers made), in arrival order, and
         those whose compile failed, with the reason."""
+        self.grammars.expire()
         ok: list[Request] = []
         failed: list[tuple[Request, str]] = []
         still: list[tuple[Future, list[Request]]] = []
@@ -82,7 +88,7 @@ class StructuredDecoding:
             if not compiled.done():
                 still.append((compiled, samples))
             elif compiled.exception() is not None:
-                failed += [(r, f"structured_outputs: {compiled.exception()}") for r in samples]
+                failed += [(r, _reason(compiled.exception())) for r in samples]
             else:
                 for req in samples:
                     self.add(req.request_id, compiled.result(),
@@ -164,3 +170,8 @@ class StructuredDecoding:
                     break
                 state.num_accepted += 1
         return state.matcher
+
+
+def _reason(err: BaseException) -> str:
+    """A compile's error: a ``ValueError`` already names the field ("path: reason")."""
+    return str(err) if isinstance(err, ValueError) else f"structured_outputs: {err}"

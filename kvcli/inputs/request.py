@@ -36,6 +36,7 @@ from kvcli.inputs.fields import (
 )
 from kvcli.inputs.messages import check_messages, check_tools
 from kvcli.inputs.prompt import Prompt, check_text, check_token_ids, template_kwargs
+from kvcli.structured.guided import GUIDED_FIELDS
 
 
 class Format(enum.Enum):
@@ -59,15 +60,17 @@ class InputRequest:
     session: str | None = None
     model: str | None = None
     response_format: Any = None  # chat's response_format, or Responses' text.format
+    guided: dict[str, Any] = field(default_factory=dict)  # vLLM's older guided_* fields, as given
     ignored: list[str] = field(default_factory=list)  # unknown fields (not strict)
 
 
 _META = (*ID_FIELDS, *SESSION_KEYS, "metadata", "cache_salt", "model")
-PLAIN_FIELDS = (*_META, *SAMPLING_FIELDS, "prompt", "text", "messages", "prompt_token_ids",
-                "tools", "tool_choice", "parallel_tool_calls", "response_format",
+PLAIN_FIELDS = (*_META, *SAMPLING_FIELDS, *GUIDED_FIELDS, "prompt", "text", "messages",
+                "prompt_token_ids", "tools", "tool_choice", "parallel_tool_calls", "response_format",
                 "chat_template_kwargs")
-ANTHROPIC_FIELDS = (*_META, "messages", "system", "tools", "tool_choice", "max_tokens",
-                    "temperature", "top_p", "top_k", "stop_sequences", "stream", "thinking")
+ANTHROPIC_FIELDS = (*_META, *GUIDED_FIELDS, "messages", "system", "tools", "tool_choice",
+                    "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream",
+                    "thinking")
 _ANTHROPIC_SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
                        "top_k": "top_k", "stop_sequences": "stop"}
 _URL_FORMATS = {openai.CHAT_URL: Format.OPENAI_CHAT, openai.COMPLETIONS_URL: Format.OPENAI_COMPLETION,
@@ -117,17 +120,19 @@ def _openai_line(obj: dict[str, Any], strict: bool) -> InputRequest:
         Format.OPENAI_COMPLETION: (openai.COMPLETION_FIELDS, openai.completion_body),
         Format.OPENAI_RESPONSES: (openai.RESPONSES_FIELDS, openai.responses_body),
     }[kind]
-    ignored += unknown_fields(body, known, strict, "body.")
+    ignored += unknown_fields(body, (*known, *GUIDED_FIELDS), strict, "body.")
     prompt, sampling = read(body, "body.")
     return InputRequest(kind, prompt, sampling=sampling, prefix="body.", model=get_str(body, "model", prefix="body."),
-                        response_format=_response_format(body), ignored=ignored)
+                        response_format=_response_format(body), guided=_guided(body),
+                        ignored=ignored)
 
 
 def _body_request(obj: dict[str, Any], prefix: str, strict: bool) -> InputRequest:
     """A request body without a Batch API envelope: plain, Anthropic Messages or Responses."""
     body = present(obj)
     if "input" in body:
-        ignored = unknown_fields(body, (*openai.RESPONSES_FIELDS, *_META), strict, prefix)
+        ignored = unknown_fields(body, (*openai.RESPONSES_FIELDS, *GUIDED_FIELDS, *_META), strict,
+                                 prefix)
         prompt, sampling = openai.responses_body(body, prefix)
         kind = Format.RESPONSES
     elif "system" in body or prefix == "params.":
@@ -141,7 +146,8 @@ def _body_request(obj: dict[str, Any], prefix: str, strict: bool) -> InputReques
         kind = Format.PLAIN
     return InputRequest(kind, prompt, sampling=sampling, prefix=prefix,
                         model=get_str(body, "model", prefix=prefix),
-                        response_format=_response_format(body), ignored=ignored)
+                        response_format=_response_format(body), guided=_guided(body),
+                        ignored=ignored)
 
 
 def _anthropic(body: dict[str, Any], prefix: str) -> Prompt:
@@ -181,3 +187,8 @@ def _response_format(body: dict[str, Any]) -> Any:
     if isinstance(text, dict) and text.get("format") is not None:
         return text["format"]
     return body.get("response_format")
+
+
+def _guided(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's older names for structured_outputs (kvcli.structured.guided reads them)."""
+    return {name: body[name] for name in GUIDED_FIELDS if body.get(name) is not None}

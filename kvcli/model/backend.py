@@ -1,12 +1,11 @@
-"""The execution backend of a model: chosen once, by the model runner, and reported.
+"""What runs where for a model, as ``kvcli generate --stats`` and the bench JSON report it.
 
-A forward can take several routes (native C kernels, torch ops, the fused NumPy batch-1 path),
-and before this module each place chose for itself. :func:`select_backend` makes the choice
-once per engine from the device, the KV dtype and whether the native kernels could be built,
-and :class:`Backend` names what runs in each phase so ``kvcli generate --stats`` and the bench
-JSON say which code produced a number (the CPU kind of a machine varies between sessions, see
-docs/BENCHMARKS.md). The routes themselves are unchanged: the attention and matmul code reads
-``Backend.native``, the one handle of the compiled kernels (``native.load()`` is cached).
+Every choice is made once per model, where it is used: the attention backend by
+kvcli/model/attention/selector.py, the matmul, norm, RoPE and quantized-matmul routes by
+kvcli/model/routes.py, the fused NumPy batch-1 decode by the model (``enable_fast_decode``).
+:class:`Backend` holds those objects and :meth:`Backend.describe` prints them, so a number
+names the code that produced it (the CPU kind of a machine varies between sessions, see
+docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -15,21 +14,48 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from kvcli.model import native
+from kvcli.model.attention import AttentionBackend
+from kvcli.model.platform import Platform
+from kvcli.model.routes import KernelRoutes
 
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    name: str  # "native-cpu" | "torch-cpu" | "cuda" | another torch device type
-    native: ctypes.CDLL | None  # the compiled kernels; None: the torch routes
-    isa: str  # what the native kernels were built for ("avx512", "avx2+fma"; KVCLI_NATIVE_ISA)
-    decode_attention: str
-    prefill_attention: str
+    platform: Platform
+    attention: AttentionBackend
+    routes: KernelRoutes
     batch1_decode: str
-    matmul: str
-    elementwise: str
+
+    @property
+    def native(self) -> ctypes.CDLL | None:
+        """The compiled kernels the model runs (None: the torch routes)."""
+        return self.routes.native
+
+    @property
+    def name(self) -> str:  # "native-cpu" | "torch-cpu" | "cuda" | another torch device type
+        if not self.platform.cpu:
+            return self.platform.device.type
+        return "native-cpu" if self.native is not None else "torch-cpu"
+
+    @property
+    def isa(self) -> str:
+        return self.platform.isa
+
+    @property
+    def decode_attention(self) -> str:
+        return self.attention.decode
+
+    @property
+    def prefill_attention(self) -> str:
+        return self.attention.prefill
+
+    @property
+    def elementwise(self) -> str:
+        return self.routes.describe()["elementwise"] if self.platform.cpu else "torch"
+
+    @property
+    def matmul(self) -> str:
+        return self.routes.describe()["matmul"] if self.platform.cpu else "torch"
 
     def describe(self) -> dict[str, str]:
         """What runs where, for ``--stats`` and the bench JSON."""
@@ -38,39 +64,9 @@ class Backend:
                 "matmul": self.matmul, "elementwise": self.elementwise}
 
 
-def select_backend(model: Any, kv_cache: torch.Tensor, device: torch.device) -> Backend:
-    """The backend for ``model`` over ``kv_cache`` on ``device`` (made once per engine)."""
-    cpu = device.type == "cpu"
-    lib = native.load() if cpu and kv_cache.dtype == torch.float32 else None
+def model_backend(model: Any) -> Backend:
+    """The choices ``model`` made when it was built (kvcli/model/llama.py), in one object."""
     decoder = getattr(model, "_numpy_decoder", None)
     batch1 = "as batched" if decoder is None else "numpy fused" + (
         ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
-    if not cpu:
-        return Backend(device.type, None, "", "torch batched + cascade",
-                       "torch SDPA per sequence", "torch", "torch", "torch")
-    from kvcli.model import large_gemm
-    from kvcli.model.layers import NATIVE_GEMM_MAX_ROWS, NUMPY_MAX_ROWS
-
-    numpy_rows = f"<= {NUMPY_MAX_ROWS} rows numpy (OpenBLAS)" if NUMPY_MAX_ROWS else ""
-    few = (f"{NUMPY_MAX_ROWS + 1}-{NATIVE_GEMM_MAX_ROWS} native gemm"
-           if lib is not None and NATIVE_GEMM_MAX_ROWS > NUMPY_MAX_ROWS else "")
-    larger = "more torch " + {"mkl": "MKL", "onednn": "oneDNN"}[large_gemm.library()]
-    matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
-    return Backend(
-        name="native-cpu" if lib is not None else "torch-cpu",
-        native=lib,
-        isa=kernel_isa(lib) if lib is not None else "",
-        decode_attention="native paged" if lib is not None else "torch batched + cascade",
-        prefill_attention="native paged" if lib is not None
-        else "torch SDPA per sequence + prefix cascade",
-        batch1_decode=batch1,
-        matmul=matmul,
-        elementwise="native" if lib is not None else "torch",
-    )
-
-
-def kernel_isa(lib: ctypes.CDLL) -> str:
-    """The instruction set the loaded kernels were compiled for (pool.c's ``kvcli_isa``)."""
-    fn = lib.kvcli_isa
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
+    return Backend(model.platform, model.attention_backend, model.routes, batch1)

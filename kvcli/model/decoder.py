@@ -8,14 +8,14 @@ names mirror transformers' so the loader maps checkpoint names one to one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from kvcli.checkpoint.config import ModelConfig
-from kvcli.model import native
-from kvcli.model.attention import Attention, AttentionMetadata, TorchSDPAAttention
-from kvcli.model.layers import Embedding, Linear, RMSNorm, apply_rotary, gated_activation
+from kvcli.model.attention import AttentionImpl, LayerAttention
+from kvcli.model.layers import Embedding, Linear, RMSNorm, Routed, apply_rotary, gated_activation
 
 Device = torch.device | str
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -32,6 +32,11 @@ class AttentionSpec:
     rotary_dim: int = 0  # 0: the whole head; fewer (Phi-3's partial rotary): the first dims only
     fused_checkpoint: bool = False  # q/k/v stored as one qkv_proj tensor (Phi-3)
     rope_slot: int = 0  # which of the model's rotary tables this layer uses (Gemma 3 local/global)
+
+    @property
+    def attention(self) -> LayerAttention:
+        """What the layer asks of the attention backend."""
+        return LayerAttention(self.scale, self.sliding_window, self.softcap)
 
 
 #: Where a layer's norms sit, and their checkpoint names: (attn in, attn out, mlp in, mlp out).
@@ -60,10 +65,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
 
 
-class DecoderAttention(nn.Module):
+class DecoderAttention(Routed):
     """Fused QKV projection, optional q/k RMSNorm, RoPE, paged attention, output projection."""
 
-    def __init__(self, cfg: ModelConfig, spec: AttentionSpec, attn: Attention | None,
+    def __init__(self, cfg: ModelConfig, spec: AttentionSpec, attn: AttentionImpl,
                  norm: type[RMSNorm], dtype: torch.dtype, device: Device) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -83,10 +88,10 @@ class DecoderAttention(nn.Module):
         self.rope_slot = spec.rope_slot
         # The native RoPE rotates whole heads of un-normed q/k in place: the fast path.
         self.in_place_rope = spec.qk_norm is None and spec.rotary_dim in (0, self.head_dim)
-        self.attn: Attention = attn or TorchSDPAAttention(spec.scale, spec.sliding_window)
+        self.attn = attn  # the model's attention backend's implementation for this layer
 
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: Any) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q_size, kv_size, _ = self.split_sizes
@@ -103,18 +108,15 @@ class DecoderAttention(nn.Module):
         else:  # RoPE on q and k heads together: half the element-wise ops per layer
             heads = self.num_heads + self.num_kv_heads
             qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
-            lib = native.for_tensor(qkv)
-            if lib is not None:  # in place in the projection's output (qk is a view of it)
-                cos, sin = cos_sin
-                native.rope_(lib, qkv, cos.squeeze(1), sin.squeeze(1), heads, self.head_dim)
-            else:
+            # In place in the projection's output (qk is a view of it), where the kernel runs.
+            if not self.routes.rope_in_place(qkv, cos_sin, heads, self.head_dim):
                 qk = apply_rotary(qk, *cos_sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attn.forward(q, k, v, kv_layer, meta)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(Routed):
     """down(act(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
     def __init__(self, cfg: ModelConfig, bias: bool, activation: str, dtype: torch.dtype,
@@ -128,7 +130,7 @@ class GatedMLP(nn.Module):
         self.act_and_mul = gated_activation(activation, cfg.path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_and_mul(self.routes, self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -157,7 +159,7 @@ class DecoderLayer(nn.Module):
         self.multiplier = spec.residual_multiplier
 
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: Any) -> torch.Tensor:
         if self.pre_norm_only:  # Llama and its relatives: the fewest ops
             # Same order of additions as transformers, so float32 results agree to rounding.
             hidden = hidden + self.self_attn(self.attn_in(hidden), cos_sin, kv_layer, meta)

@@ -17,12 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvcli.checkpoint.config import ModelConfig, ModelConfigError, RopeConfig, parse_rope
-from kvcli.model import native
-from kvcli.model.attention import Attention
 from kvcli.model.decoder import AttentionSpec, LayerSpec
 from kvcli.model.layers import RMSNorm, RotaryEmbedding
 from kvcli.model.llama import Device, LlamaForCausalLM
-from kvcli.model.softcap import SoftcapAttention
 
 
 class OffsetRMSNorm(RMSNorm):
@@ -30,9 +27,8 @@ class OffsetRMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = 1.0 + self.weight.float()
-        lib = native.for_tensor(x)
-        if lib is not None:
-            return native.rms_norm(lib, x, scale, self.eps)
+        if x.dtype == torch.float32:
+            return self.routes.rms_norm(x, scale, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).type_as(x)
 
 
@@ -58,11 +54,6 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         scale = cfg.field("query_pre_attn_scalar", float, 256.0) ** -0.5
         return replace(super().attention_spec(cfg, layer, window), scale=scale,
                        softcap=cfg.field("attn_logit_softcapping", float, None))
-
-    def attention_backend(self, spec: AttentionSpec) -> Attention | None:
-        if spec.softcap is None:
-            return None
-        return SoftcapAttention(spec.scale, spec.sliding_window, spec.softcap)
 
     def layer_spec(self, cfg: ModelConfig) -> LayerSpec:
         return LayerSpec(norm_layout="sandwich", norm=OffsetRMSNorm)

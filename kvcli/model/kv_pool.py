@@ -6,7 +6,7 @@ zero by the kernel's guarantee and costs nothing until touched; a daemon thread 
 kernel to fault the pages in (``MADV_POPULATE_WRITE``, Linux 5.14+), which never changes a
 page's contents, so it may run while the engine already writes KV blocks. Decode steps later
 meet populated pages, as they did with ``torch.zeros`` (first-touch faults inside decode steps
-cost ~20 us each on a VM, see attention.allocate_kv_cache). Where the kernel lacks the advice
+cost ~20 us each on a VM, see attention/kv_cache.py). Where the kernel lacks the advice
 the pages are simply faulted in on first use.
 """
 

@@ -6,7 +6,8 @@ kernels from the CPU's own feature flags. Measured on an AMD EPYC Zen 5 with AVX
 docs/BENCHMARKS.md): 1,024 x 576 x 3,072 at 79 GFLOP/s through MKL against 197 through oneDNN in
 the same loaded window. On an AVX2-only CPU both run AVX2 code and MKL was as fast (Zen 3), and
 on an Intel CPU MKL has its AVX-512 path, so MKL stays the choice there. The choice is made once
-per process; ``KVCLI_LARGE_GEMM=mkl|onednn`` overrides it.
+per process; ``KVCLI_LARGE_GEMM=mkl|onednn`` overrides it. The model's kernel routes
+(routes.py) hold the choice and make the call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from functools import cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 CHOICES = ("mkl", "onednn")
 
@@ -48,10 +48,3 @@ def library() -> str:
     vendor, flags = _cpuinfo()
     usable = torch.backends.mkldnn.is_available()
     return "onednn" if usable and "avx512f" in flags and vendor != "GenuineIntel" else "mkl"
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` through the chosen library (``weight`` is ``[out, in]``, any strides)."""
-    if library() == "onednn":
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)

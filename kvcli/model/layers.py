@@ -7,8 +7,8 @@ requires grad.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,42 +16,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvcli.checkpoint.config import ModelConfigError, RopeConfig
-from kvcli.model import large_gemm, native
+from kvcli.model.routes import Activation, KernelRoutes, process_routes
 
-#: CPU float32 matmuls route by row count: one row through NumPy's OpenBLAS, up to
-#: NATIVE_GEMM_MAX_ROWS through kvcli's own kernel (native/gemm.c), the rest through torch.
-#: Measured in place (whole decode steps of SmolLM2-135M, 2 cores, Xeon with AVX-512; ms per
-#: step, docs/BENCHMARKS.md): 2 rows 52.7 native / 67.6 torch / 107.7 OpenBLAS; 4 rows
-#: 57 / 80 / 107-114; 32 rows 116-124 / 129-136 (torch). One row: 20 ms OpenBLAS vs 34 torch on
-#: an AMD EPYC; 1,024 rows 723 torch vs 772 OpenBLAS. The pools coexist because OpenMP threads
-#: sleep when idle, OpenBLAS threads stop spinning after ~0.3 ms (kvcli/__init__.py) and
-#: kvcli's after at most 0.3 ms (native/pool.c).
-NUMPY_MAX_ROWS = int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "1"))
-NATIVE_GEMM_MAX_ROWS = int(os.environ.get("KVCLI_GEMM_MAX_ROWS", "64"))
+
+class Routed(nn.Module):
+    """A module that runs through the model's kernel routes (kvcli/model/routes.py), set once
+    for the whole model by :func:`install_routes`."""
+
+    routes: KernelRoutes
+
+
+def install_routes(model: nn.Module, routes: KernelRoutes) -> None:
+    for module in model.modules():
+        if isinstance(module, Routed):
+            module.routes = routes
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Every matmul of every model goes through here, so the backend is chosen in one place.
-
-    ``weight`` is ``[out, in]``; :func:`use_input_major_layout` stores it as a transposed view of
-    an ``[in, out]`` buffer, which is the layout OpenBLAS and the native kernel stream fastest.
-    """
-    if not isinstance(weight, torch.Tensor):  # a quantized weight (kvcli/model/quant)
-        return weight.linear(x, bias)
-    if not (x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32):
-        return F.linear(x, weight, bias)
-    rows = x.shape[0] if x.dim() == 2 else NATIVE_GEMM_MAX_ROWS + 1
-    if rows <= NUMPY_MAX_ROWS:
-        y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
-        if bias is not None:
-            y += bias
-        return y
-    in_out = weight.t()
-    lib = native.for_tensor(x) if rows <= NATIVE_GEMM_MAX_ROWS and in_out.is_contiguous() else None
-    if lib is not None:
-        return native.gemm(lib, x, in_out, bias)
-    return large_gemm.linear(x, weight, bias)
+    """A matmul outside a model (tests, scripts), through the routes this process's environment
+    chooses now; a model's layers call their own ``routes.linear``."""
+    return process_routes().linear(x, weight, bias)
 
 
 @torch.no_grad()
@@ -90,7 +74,7 @@ def empty_param(
     return nn.Parameter(torch.empty(tuple(shape), dtype=dtype, device=device), requires_grad=False)
 
 
-class Linear(nn.Module):
+class Linear(Routed):
     """y = x W^T + b, where W may stack several projections that share one input.
 
     ``output_sizes`` lists the stacked projections (q, k, v or gate, up); the loader copies each
@@ -116,10 +100,10 @@ class Linear(nn.Module):
         return slice(start, start + self.output_sizes[index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.routes.linear(x, self.weight, self.bias)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Routed):
     """Normalises in float32 whatever the model dtype, exactly like transformers' LlamaRMSNorm."""
 
     def __init__(
@@ -131,10 +115,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm
-            lib = native.for_tensor(x)
-            if lib is not None:  # one pass, threaded over rows
-                return native.rms_norm(lib, x, self.weight, self.eps)
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return self.routes.rms_norm(x, self.weight, self.eps)
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -158,23 +139,25 @@ _ACTIVATIONS = {
 }
 
 
-def gated_activation(name: str, config_path: str):
+@dataclass(frozen=True, slots=True)
+class GatedActivation:
     """The SwiGLU family's act(gate) * up over a fused [..., 2 * intermediate] projection."""
+
+    act: Activation
+    silu: bool  # the native kernel fuses silu-and-mul
+
+    def __call__(self, routes: KernelRoutes, gate_up: torch.Tensor) -> torch.Tensor:
+        return routes.act_and_mul(gate_up, self.act, self.silu)
+
+
+def gated_activation(name: str, config_path: str) -> GatedActivation:
     try:
         act = _ACTIVATIONS[name]
     except KeyError:
         raise ModelConfigError(
             f"{config_path}: field 'hidden_act': {name!r} is not supported (supported: {', '.join(_ACTIVATIONS)})"
         ) from None
-
-    def act_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-        lib = native.for_tensor(gate_up) if name == "silu" else None
-        if lib is not None:  # one pass instead of silu, a temporary and a product
-            return native.silu_and_mul(lib, gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return act(gate) * up
-
-    return act_and_mul
+    return GatedActivation(act, name == "silu")
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig) -> torch.Tensor:

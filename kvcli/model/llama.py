@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from kvcli.checkpoint.config import ModelConfig, ModelConfigError
-from kvcli.model.attention import Attention, AttentionMetadata
+from kvcli.model.attention import AttentionBackend, CommonAttentionMetadata
+from kvcli.model.attention.selector import select_attention_backend
 from kvcli.model.decoder import (
     AttentionSpec,
     DecoderAttention,
@@ -19,8 +20,10 @@ from kvcli.model.decoder import (
     GatedMLP,
     LayerSpec,
 )
-from kvcli.model.layers import Linear, RotaryEmbedding, linear
+from kvcli.model.layers import Linear, RotaryEmbedding, install_routes
 from kvcli.model.numpy_decode import NumpyDecoder
+from kvcli.model.platform import detect_platform
+from kvcli.model.routes import KernelRoutes, select_routes
 
 Device = torch.device | str
 
@@ -62,10 +65,6 @@ class LlamaForCausalLM(nn.Module):
         return AttentionSpec(self.qkv_bias(cfg), self.o_bias(cfg), self.qk_norm(cfg), window,
                              cfg.head_dim**-0.5)
 
-    def attention_backend(self, spec: AttentionSpec) -> Attention | None:
-        """None: the default paged attention (native decode kernel, SDPA prefill)."""
-        return None
-
     def layer_spec(self, cfg: ModelConfig) -> LayerSpec:
         return LayerSpec()
 
@@ -106,11 +105,17 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         windows = self.sliding_windows(cfg)
         layer_spec = self.layer_spec(cfg)
+        specs = [self.attention_spec(cfg, i, windows[i]) for i in range(cfg.num_layers)]
+        # Chosen once for the model (the KV cache takes the model's dtype): which attention
+        # backend every layer runs, and which kernels its matmuls, norms and RoPE take.
+        self.platform = detect_platform(device, dtype)
+        self.routes: KernelRoutes = select_routes(self.platform)
+        self.attention_backend: AttentionBackend = select_attention_backend(
+            self.platform, [spec.attention for spec in specs])
         layers = []
-        for i in range(cfg.num_layers):
-            spec = self.attention_spec(cfg, i, windows[i])
-            attn = DecoderAttention(cfg, spec, self.attention_backend(spec), layer_spec.norm,
-                                    dtype, device)
+        for i, spec in enumerate(specs):
+            attn = DecoderAttention(cfg, spec, self.attention_backend.layer(spec.attention),
+                                    layer_spec.norm, dtype, device)
             layers.append(DecoderLayer(attn, self.make_mlp(cfg, i, dtype, device), cfg, dtype,
                                        device, layer_spec))
         rotaries = self.rotary_embeddings(cfg, dtype, device)
@@ -123,6 +128,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_multiplier = self.embedding_multiplier(cfg)
         self.logits_div = self.logits_divisor(cfg)
         self.logit_softcap = self.final_logit_softcap(cfg)
+        install_routes(self, self.routes)
 
     num_layers = property(lambda self: self.config.num_layers)
     num_kv_heads = property(lambda self: self.config.num_kv_heads)
@@ -156,9 +162,10 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attn_metadata: AttentionMetadata,
+        attn_metadata: CommonAttentionMetadata,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
+        """``attn_metadata``: the step's common fields; the backend builds its own from them."""
         if input_ids.shape[0] == 1 and self._numpy_decoder is not None:
             context = attn_metadata.context_slots[0]
             if context.shape[0] > 1:  # a decode token (the very first token has no context)
@@ -171,15 +178,15 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_multiplier is not None:  # Granite's multiplier, Gemma's sqrt(hidden)
             hidden = hidden * self.embed_multiplier
         cos_sins = self.model.cos_sins(positions)
+        meta = self.attention_backend.build_metadata(attn_metadata)  # once per step, for every layer
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos_sins[layer.self_attn.rope_slot], kv_cache[index],
-                           attn_metadata)
+            hidden = layer(hidden, cos_sins[layer.self_attn.rope_slot], kv_cache[index], meta)
         return self.model.norm(hidden)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(hidden, weight)
+        logits = self.routes.linear(hidden, weight)
         if self.logits_div is not None:  # Granite's logits_scaling
             logits = logits / self.logits_div
         if self.logit_softcap is not None:  # Gemma: cap * tanh(logits / cap), as transformers

@@ -16,13 +16,13 @@ from torch import nn
 
 from kvcli.checkpoint.config import ModelConfig
 from kvcli.model.decoder import GatedMLP, LayerSpec
-from kvcli.model.layers import Linear, gated_activation
+from kvcli.model.layers import Linear, Routed, gated_activation
 from kvcli.model.llama import Device, MistralForCausalLM
 from kvcli.model.qwen2 import Qwen2ForCausalLM, qwen_sliding_windows
 from kvcli.model.qwen3 import Qwen3ForCausalLM
 
 
-class Expert(nn.Module):
+class Expert(Routed):
     """One expert's act(gate(x)) * up(x) -> down, gate and up fused into one matmul; the down
     projection keeps its checkpoint name (Mixtral's ``w2``, Qwen3-MoE's ``down_proj``)."""
 
@@ -35,7 +35,7 @@ class Expert(nn.Module):
         self.act_and_mul = gated_activation(cfg.hidden_act, cfg.path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return getattr(self, self.down_name)(self.act_and_mul(self.gate_up_proj(x)))
+        return getattr(self, self.down_name)(self.act_and_mul(self.routes, self.gate_up_proj(x)))
 
 
 class SparseMoE(nn.Module):

@@ -6,10 +6,7 @@ xgrammar), grammar compiling and the validity check. The engine side, which mask
 (``kvcli.engine.structured_decoding``), lives in the engine and imports xgrammar lazily.
 """
 
-from kvcli.structured.params import (
-    StructuredOutputsParams,
-    line_constraint,
-    response_format_to_params,
-)
+from kvcli.structured.guided import line_constraint
+from kvcli.structured.params import StructuredOutputsParams, response_format_to_params
 
 __all__ = ["StructuredOutputsParams", "line_constraint", "response_format_to_params"]

@@ -6,8 +6,11 @@ constraint into a grammar is quick and happens when the request is admitted: a c
 xgrammar cannot handle (an unsupported schema feature, a regex that does not parse, a
 grammar that accepts nothing) is a ``ValueError`` naming the input field, so that line
 fails, never silently unconstrained. Compiling the grammar against the 50-150k-token
-vocabulary takes 0.02-0.4 s and runs in a background thread (xgrammar releases the GIL),
-so the engine keeps stepping the other rows meanwhile.
+vocabulary takes 0.02-0.4 s for a typical schema, but minutes for a huge enum, so it runs
+on a worker thread with a time limit (:mod:`kvcli.structured.compile_worker`) while the
+engine keeps stepping the other rows. A large constraint (over 16 KiB of canonical JSON) is
+also checked for accepting some output there, after its compile, since that check costs a
+compile of its own (seconds for a 10,000-value enum); a small one is checked at admission.
 """
 
 from __future__ import annotations
@@ -15,18 +18,22 @@ from __future__ import annotations
 import json
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
+from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT, CompileWorker
 from kvcli.structured.params import StructuredOutputsParams, embedded_schemas
 from kvcli.structured.schema_check import patterns, with_string_lengths_as_patterns
 from kvcli.structured.vocab import tokenizer_info
 
 _CPP_PREFIX = re.compile(r"\[[0-9:]+\] \S+\.cc:\d+: ")
+INLINE_CHECK_BYTES = 16 << 10  # constraints up to this size are checked at admission (ms)
 
 
 class GrammarCache:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
+                 compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
         import xgrammar as xgr
 
         if not stop_token_ids:
@@ -40,7 +47,7 @@ class GrammarCache:
         byte_vocab = xgr.TokenizerInfo([bytes([b]) for b in range(256)] + [b""],
                                        vocab_size=257, stop_token_ids=[256])
         self._probe = xgr.GrammarCompiler(byte_vocab, max_threads=1, cache_enabled=False)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvcli-grammar")
+        self.worker = CompileWorker(compile_timeout)
         self._compiled: dict[str, Future] = {}
         self.compile_s = 0.0  # total time spent compiling (reported next to the run's wall time)
         self.num_compiled = 0
@@ -52,15 +59,34 @@ class GrammarCache:
         future = self._compiled.get(key)
         if future is None:
             grammar = self._grammar(params)
-            self._check_accepts_something(grammar, params)
-            future = self._compiled[key] = self._pool.submit(self._compile, grammar)
+            if len(key.encode()) <= INLINE_CHECK_BYTES:
+                self._check_accepts_something(grammar, params)
+                job = partial(self._compile, grammar)
+            else:
+                job = partial(self._compile_checked, grammar, params)
+            future = self._compiled[key] = self.worker.submit(job, params.path)
         return future
+
+    def expire(self) -> None:
+        """Fail a compile that is past its time limit (the lines waiting for it fail)."""
+        self.worker.expire()
 
     def _compile(self, grammar: Any) -> Any:
         t0 = time.perf_counter()
         compiled = self.compiler.compile_grammar(grammar)
         self.compile_s += time.perf_counter() - t0
         self.num_compiled += 1
+        return compiled
+
+    def _compile_checked(self, grammar: Any, params: StructuredOutputsParams) -> Any:
+        """Compile, then check the first step allows some token (on the worker thread)."""
+        import xgrammar as xgr
+
+        compiled = self._compile(grammar)
+        mask = xgr.allocate_token_bitmask(1, self.info.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(mask, 0)
+        if not bool(mask.any()):
+            raise ValueError(f"{params.path}: the grammar accepts no output")
         return compiled
 
     def _grammar(self, params: StructuredOutputsParams) -> Any:

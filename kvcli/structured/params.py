@@ -22,6 +22,10 @@ from typing import Any
 from kvcli.structured.schema_check import MAX_DEPTH, check_json_schema
 
 LINE_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # what a line may set
+# Bytes of one constraint's canonical JSON. Compile time grows much faster than the size (an
+# enum of 20,000 short strings, 270 KB, takes 40 s), so past this no compile could finish in
+# time: refused before any work (--structured-compile-timeout bounds the rest).
+MAX_CONSTRAINT_BYTES = 1 << 20
 # + xgrammar's structural tag (vLLM's name too): how tool_choice constrains to calls
 KINDS = (*LINE_KINDS, "structural_tag")
 
@@ -76,9 +80,10 @@ class StructuredOutputsParams:
             raise ValueError(f"{self.path.rpartition('.')[0] or 'structured_outputs'}"
                              ".disable_any_whitespace: expected true or false, got "
                              f"{_show(self.disable_any_whitespace)}")
+        if kind in ("json", "structural_tag") and isinstance(value, str):
+            setattr(self, kind, _parse_json_text(value, self.path))
+        _check_size(self.key, self.path)  # before any work on it
         if kind == "json":
-            if isinstance(value, str):
-                self.json = _parse_json_text(value, self.path)
             _check_schema_once(self.key, self.path)
         elif kind == "json_object":
             if value is not True:
@@ -86,8 +91,6 @@ class StructuredOutputsParams:
         elif kind == "choice":
             _check_choice(value, self.path)
         elif kind == "structural_tag":
-            if isinstance(value, str):
-                self.structural_tag = _parse_json_text(value, self.path)
             _check_structural_tag(self.structural_tag, self.path)
         elif not isinstance(value, str) or not value:
             raise ValueError(f"{self.path}: expected a non-empty string, got {_show(value)}")
@@ -114,21 +117,6 @@ class StructuredOutputsParams:
                              f"{' and '.join(given) or 'none'}")
         params.validate()
         return params
-
-
-def line_constraint(structured: Any, response_format: Any, prefix: str,
-                    format_field: str = "response_format") -> StructuredOutputsParams | None:
-    """A line's constraint: vLLM's ``structured_outputs`` object or OpenAI's ``response_format``
-    (``text.format`` in a Responses body, whose json_schema fields are not nested); both is an
-    error, since which one wins would be a guess."""
-    so = None if structured is None else StructuredOutputsParams.from_json(
-        structured, f"{prefix}structured_outputs")
-    rf = None if response_format is None else response_format_to_params(
-        response_format, prefix + format_field, flat=format_field == "text.format")
-    if so is not None and rf is not None:
-        raise ValueError(f"{prefix}{format_field}: conflicts with structured_outputs on the same "
-                         "line; give one of them")
-    return so or rf
 
 
 def response_format_to_params(value: Any, prefix: str,
@@ -169,6 +157,14 @@ def _json_schema_params(spec: Any, path: str) -> StructuredOutputsParams:
     return StructuredOutputsParams(json=schema, source=f"{path}.schema")
 
 
+def _check_size(key: str, path: str) -> None:
+    size = len(key.encode())
+    if size > MAX_CONSTRAINT_BYTES:
+        raise ValueError(f"{path}: {size:,} bytes as JSON, over kvcli's limit of "
+                         f"{MAX_CONSTRAINT_BYTES:,} for one constraint (its grammar could "
+                         "not compile in reasonable time)")
+
+
 @lru_cache(maxsize=256)
 def _check_schema_once(key: str, path: str) -> None:
     """A line's params are validated more than once (parser, engine) and most lines of a
@@ -181,6 +177,8 @@ def _parse_json_text(text: str, path: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from None
+    except RecursionError:  # a schema string nested deeper than Python's parser goes
+        raise ValueError(f"{path}: nested too deeply (over {MAX_DEPTH} levels)") from None
 
 
 def _check_structural_tag(tag: Any, path: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from kvcli.structured.params import StructuredOutputsParams
@@ -73,24 +74,47 @@ def tool_constraint(tools: list[Any], choice: str, fmt: str | None, path: str,
     return StructuredOutputsParams(structural_tag=tag, source=path)
 
 
-def parse_tool_calls(text: str, fmt: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content outside the calls or None, OpenAI ``tool_calls``) of a completion in ``fmt``."""
+def parse_tool_calls(text: str, fmt: str, names: Collection[str] | None = None
+                     ) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content outside the calls or None, OpenAI ``tool_calls``) of a completion in ``fmt``.
+
+    Only well-formed calls become ``tool_calls``: JSON (no ``NaN``/``Infinity``, which is not
+    JSON) naming a function in ``names`` (when given), as vLLM's newer parsers check. Text
+    that is not such a call stays in ``content``, never dropped: a malformed block, a call
+    to an unknown function, and a last call cut off by ``max_tokens`` (the complete calls
+    before it are kept).
+    """
     if fmt == "hermes":
-        found = [_as_call(m.group(1), fmt) for m in _HERMES_CALL.finditer(text)]
-        calls = [c for c in found if c is not None]
-        rest = _HERMES_CALL.sub("", text).strip() if calls else text
-    else:
-        body = text.strip().removeprefix("[TOOL_CALLS]").strip()
-        parsed = _as_json(body)
-        items = parsed if isinstance(parsed, list) else [parsed]
-        calls = [c for c in (_as_call(item, fmt) for item in items) if c is not None]
-        if len(calls) != len(items):
-            calls = []
-        rest = "" if calls else text
-    return (rest or None), calls
+        return _hermes(text, names)
+    body = text.strip().removeprefix("[TOOL_CALLS]").strip()
+    parsed = _as_json(body)
+    items = parsed if isinstance(parsed, list) else [parsed]
+    calls = [c for c in (_as_call(item, fmt, names) for item in items) if c is not None]
+    if len(calls) != len(items):  # one JSON value holds them all: all or none are calls
+        calls = []
+    return (None if calls else text or None), calls
+
+
+def _hermes(text: str, names: Collection[str] | None) -> tuple[str | None, list[dict[str, Any]]]:
+    calls, kept, end = [], [], 0
+    for match in _HERMES_CALL.finditer(text):
+        call = _as_call(match.group(1), "hermes", names)
+        if call is not None:  # the block becomes a call; anything else stays text
+            calls.append(call)
+            kept.append(text[end:match.start()])
+            end = match.end()
+    if not calls:
+        return text or None, []
+    kept.append(text[end:])
+    return "".join(kept).strip() or None, calls
 
 
 # ----------------------------------------------------------------- helpers
+def tool_names(tools: list[Any] | None) -> frozenset[str]:
+    """The function names a line's ``tools`` offer (a reply may call only these)."""
+    return frozenset(_names(tools or []))
+
+
 def _names(tools: list[Any]) -> list[str]:
     return [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)
             and isinstance(t.get("function"), dict)]
@@ -132,15 +156,23 @@ def _structural_tag(calls: list[dict[str, Any]], fmt: str, parallel: bool) -> di
 
 
 def _as_json(text: str) -> Any:
+    """The JSON value of ``text``, or None: not JSON (``NaN`` and ``Infinity`` included), too
+    deep, or an integer longer than Python converts (ValueError)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except (ValueError, RecursionError):  # also an integer past Python's 4,300-digit limit
         return None
 
 
-def _as_call(value: Any, fmt: str) -> dict[str, Any] | None:
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _as_call(value: Any, fmt: str, names: Collection[str] | None) -> dict[str, Any] | None:
     obj = _as_json(value) if isinstance(value, str) else value
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:  # a function the line did not offer
         return None
     args = obj.get(_ARGUMENTS[fmt], obj.get("arguments", {}))
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",

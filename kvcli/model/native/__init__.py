@@ -137,13 +137,6 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     return lib
 
 
-def for_tensor(x: torch.Tensor) -> ctypes.CDLL | None:
-    """The kernels, where ``x`` is a contiguous CPU float32 tensor they can work on."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
-        return None
-    return load()
-
-
 def num_threads() -> int:
     """Kernel threads: torch's intra-op thread count, so ``torch.set_num_threads`` (``--threads``,
     a Ray actor's CPU share) bounds these kernels too; KVCLI_NATIVE_THREADS overrides."""

@@ -1,7 +1,7 @@
 """Put quantized weights into a built kvcli model: ``int8`` quantizes a loaded float32 model's
 matrices; ``gguf`` fills an empty model from a GGUF file's tensors in their own types.
 
-Every Linear's weight becomes a :class:`QuantWeight` (``layers.linear`` runs it), and the
+Every Linear's weight becomes a :class:`QuantWeight` (``KernelRoutes.linear`` runs it), and the
 token embedding a :class:`QuantEmbedding`, whose rows are de-quantized per look-up and which
 is also the tied output layer. Norms stay float32, and so do activations and the KV cache.
 """
@@ -37,6 +37,13 @@ def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight) -> N
 
 
 def _finish(model: nn.Module) -> nn.Module:
+    # The quantized weights take the model's kernel routes (kvcli/model/routes.py).
+    routes = getattr(model, "routes", None)
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        for part in weight.parts if isinstance(weight, StackedWeight) else [weight]:
+            if isinstance(part, QuantWeight):
+                part.routes = routes
     # The fused one-row NumPy decoder (decode-1 steps) is rebuilt on the quantized weights: it
     # sees them through NumpyView, so its matmuls run the quantized kernel.
     if hasattr(model, "enable_fast_decode"):

@@ -1,30 +1,29 @@
-"""A quantized weight matrix and its matmul: what ``layers.linear`` runs when a Linear's weight
+"""A quantized weight matrix and its matmul: what ``KernelRoutes.linear`` runs when a Linear's weight
 is not a float tensor.
 
 The packed bytes stay in their storage format (GGUF blocks, or kvcli's int8 rows plus one
-float32 scale per output channel). Decode-sized calls (at most ``DIRECT_MAX_ROWS`` rows) run
-native/qgemm.c, which de-quantizes in registers; larger ones de-quantize the matrix to float32
+float32 scale per output channel). Decode-sized calls (at most ``KernelRoutes.qgemm_max_rows``
+rows, KVCLI_QGEMM_MAX_ROWS) run native/qgemm.c, which de-quantizes in registers; larger ones de-quantize the matrix to float32
 (native, threaded) and use torch's float32 GEMM, whose packed MKL kernel is the fastest here for
 hundreds of rows. Without a C compiler the matrix is de-quantized once and kept as float32.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from kvcli.model import large_gemm, native
+from kvcli.model import native
 from kvcli.model.quant import QuantError
+from kvcli.model.routes import KernelRoutes, process_routes
 
 # GGML type ids (gguf.GGMLQuantizationType) of the formats the native kernel runs; I8 is kvcli's
 # per-output-channel int8 (GGML's I8 id: an int8 per weight; the scales live beside it).
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, I8 = 2, 3, 8, 12, 13, 14, 24
 NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, I8})
 BLOCK_ELEMS = {Q4_K: 256, Q5_K: 256, Q6_K: 256}  # weights per block; 32 for the others
-DIRECT_MAX_ROWS = int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64"))
 
 
 class NumpyView:
@@ -75,6 +74,8 @@ class QuantWeight(_AsArray):
     shape: tuple[int, int]
     scale: torch.Tensor | None = None  # float32 [out], I8 only
     _dense: torch.Tensor | None = field(default=None, repr=False)
+    # The model's routes (quant/apply.py installs them); None outside a model: the process's.
+    routes: KernelRoutes | None = field(default=None, repr=False)
 
     dtype = torch.float32  # what it computes in (activations and outputs)
     device = torch.device("cpu")
@@ -92,12 +93,17 @@ class QuantWeight(_AsArray):
         extra = 0 if self.scale is None else self.scale.numel() * 4
         return self.data.numel() * self.data.element_size() + extra
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _routes(self, routes: KernelRoutes | None) -> KernelRoutes:
+        return routes or self.routes or process_routes()
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
+               routes: KernelRoutes | None = None) -> torch.Tensor:
         """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``."""
+        routes = self._routes(routes)
         lead, in_features = x.shape[:-1], self.shape[1]
         x2 = x.reshape(-1, in_features).float().contiguous()
-        lib = native.load() if self.kind in NATIVE_TYPES else None
-        if lib is not None and x2.shape[0] <= DIRECT_MAX_ROWS:
+        lib = routes.native if self.kind in NATIVE_TYPES else None
+        if lib is not None and x2.shape[0] <= routes.qgemm_max_rows:
             y = x2.new_empty((x2.shape[0], self.shape[0]))
             status = lib.kvcli_qgemm(
                 self.kind, x2.data_ptr(), self.data.data_ptr(), _ptr(self.scale),
@@ -106,16 +112,18 @@ class QuantWeight(_AsArray):
             if status == 0:
                 return y.reshape(*lead, self.shape[0])
         # The de-quantized panel goes to the library float32 prefill uses (model/large_gemm.py).
-        return large_gemm.linear(x2, self.dequantize(), bias).reshape(*lead, self.shape[0])
+        dense = self.dequantize(routes=routes)
+        return routes.large_linear(x2, dense, bias).reshape(*lead, self.shape[0])
 
-    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize(self, rows: torch.Tensor | None = None,
+                   routes: KernelRoutes | None = None) -> torch.Tensor:
         """float32 ``[len(rows) or out, in]``: the given rows (all when None) de-quantized."""
         if self._dense is not None:
             return self._dense if rows is None else self._dense[rows]
-        lib = native.load() if self.kind in NATIVE_TYPES else None
+        lib = self._routes(routes).native if self.kind in NATIVE_TYPES else None
         if lib is None:  # no compiler: de-quantize once, keep float32 (the torch path)
             self._dense = torch.from_numpy(self._dequantize_numpy())
-            return self.dequantize(rows)
+            return self.dequantize(rows, routes)
         idx = None if rows is None else rows.reshape(-1).to(torch.int64).contiguous()
         count = self.shape[0] if idx is None else idx.numel()
         out = torch.empty((count, self.shape[1]), dtype=torch.float32)
@@ -165,8 +173,9 @@ class StackedWeight(_AsArray):
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = torch.cat([p.linear(x, None) for p in self.parts], dim=-1)
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
+               routes: KernelRoutes | None = None) -> torch.Tensor:
+        y = torch.cat([p.linear(x, None, routes) for p in self.parts], dim=-1)
         return y if bias is None else y + bias
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Cascade attention for prefill chunks that share a cached prefix.
+"""The torch CPU route's cascade attention for prefill chunks that share a cached prefix.
 
 When several requests with one system prompt are admitted together, each prefill chunk's
 queries attend the same cached prefix blocks. Per sequence, that meant gathering the prefix's
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcli.model.decode_batch import MIN_CASCADE_BLOCKS, shared_block_groups
+from kvcli.model.attention.shared_prefix import MIN_CASCADE_BLOCKS, shared_block_groups
 
 # torch's fused CPU attention, which also returns each row's log-sum-exp (F.scaled_dot_product_
 # attention does not); None in builds without it, where the per-sequence path runs instead.

@@ -11,16 +11,49 @@ once per step for all layers; nothing is gathered and no mask is built.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import torch
 
 from kvcli.model import native
-from kvcli.model.decode_batch import PagedDecode, build_paged_decode, shared_block_groups
+from kvcli.model.attention.common import CommonAttentionMetadata, LayerAttention, write_kv
+from kvcli.model.attention.shared_prefix import decode_seqs, shared_block_groups
+from kvcli.model.platform import Platform
 
-if TYPE_CHECKING:
-    from kvcli.model.attention import AttentionMetadata
+
+@dataclass(slots=True)
+class PagedDecode:
+    """Single-token sequences for the paged decode kernel, which reads K/V through the block
+    tables itself: no gather, no padding copies."""
+
+    seqs: list[int]
+    rows: torch.Tensor  # [S] int64: their rows in the packed batch
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0 (never read)
+    seq_lens: torch.Tensor  # [S] int64
+
+
+def build_paged_decode(
+    block_tables: list[list[int]],
+    seq_lens: list[int],
+    query_start_loc: list[int],
+    block_size: int,
+    seqs: list[int] | None = None,
+) -> PagedDecode | None:
+    """The step's single-token sequences (or the given ones) for the native decode kernel."""
+    seqs = decode_seqs(seq_lens, query_start_loc) if seqs is None else seqs
+    if not seqs:
+        return None
+    nblocks = [-(-seq_lens[s] // block_size) for s in seqs]
+    width = max(nblocks)
+    padded = [block_tables[s][:n] + [0] * (width - n) for s, n in zip(seqs, nblocks, strict=True)]
+    return PagedDecode(
+        seqs=seqs,
+        rows=torch.tensor([query_start_loc[s] for s in seqs]),
+        block_tables=torch.tensor(padded, dtype=torch.int64),
+        seq_lens=torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +79,9 @@ def _listed(ids: list[int], context_slots: list[torch.Tensor], seq_lens: list[in
 
 
 def build_paged_prefill(context_slots: list[torch.Tensor], seq_lens: list[int],
-                        query_start_loc: list[int], decode_seqs: list[int]) -> PagedRows | None:
-    """The sequences not in ``decode_seqs``, or None when every sequence decodes."""
-    skip = set(decode_seqs)
+                        query_start_loc: list[int], decoding: list[int]) -> PagedRows | None:
+    """The sequences not in ``decoding``, or None when every sequence decodes."""
+    skip = set(decoding)
     ids = [s for s in range(len(seq_lens)) if s not in skip]
     if not ids:
         return None
@@ -78,13 +111,60 @@ def build_shared_decode(decode: PagedDecode | None, block_tables: list[list[int]
                                              rest) if rest else None)
 
 
-def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata,
+@dataclass(frozen=True, slots=True)
+class NativeMetadata:
+    common: CommonAttentionMetadata
+    lib: ctypes.CDLL
+    paged_decode: PagedDecode | None  # all single-token sequences
+    paged_prefill: PagedRows | None  # every other sequence
+    shared_decode: PagedRows | None  # decode tokens sharing a cached prefix
+
+
+class NativeCPUBackend:
+    name: ClassVar[str] = "native-cpu"
+    decode: ClassVar[str] = "native paged"
+    prefill: ClassVar[str] = "native paged"
+
+    def __init__(self, platform: Platform) -> None:
+        self.lib = platform.native
+
+    @classmethod
+    def accepts(cls, platform: Platform, layers: list[LayerAttention]) -> bool:
+        return platform.cpu and platform.kv_dtype == torch.float32 and platform.native is not None
+
+    def build_metadata(self, common: CommonAttentionMetadata) -> NativeMetadata:
+        c = common
+        decode = build_paged_decode(c.block_tables, c.seq_lens, c.query_start_loc, c.block_size)
+        prefill = build_paged_prefill(c.context_slots, c.seq_lens, c.query_start_loc,
+                                      decode.seqs if decode is not None else [])
+        shared = build_shared_decode(decode, c.block_tables, c.context_slots, c.seq_lens,
+                                     c.query_start_loc, c.block_size)
+        return NativeMetadata(common, self.lib, decode, prefill, shared)
+
+    def layer(self, spec: LayerAttention) -> NativeImpl:
+        return NativeImpl(spec.scale, spec.sliding_window)
+
+
+class NativeImpl:
+    """No gather, no masks: the kernels read K/V through the slots and tables in place."""
+
+    def __init__(self, scale: float, sliding_window: int | None = None) -> None:
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor,
+                meta: NativeMetadata) -> torch.Tensor:
+        write_kv(kv_layer, meta.common, k, v)
+        return native_forward(q, kv_layer, meta, self.sliding_window, self.scale)
+
+
+def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: NativeMetadata,
                    window: int | None, scale: float) -> torch.Tensor:
     """Every row's attention for a step whose new K/V are already in ``kv_layer``."""
-    lib, decode = meta.native, meta.paged_decode
+    lib, decode, block_size = meta.lib, meta.paged_decode, meta.common.block_size
     shared = meta.shared_decode if window is None else None  # a window may hide the prefix
     if shared is None and meta.paged_prefill is None and decode is not None:
-        return _decode(lib, q, kv_layer, decode, meta.block_size, window, scale)  # pure decode
+        return _decode(lib, q, kv_layer, decode, block_size, window, scale)  # pure decode
     q = q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype)
     if shared is not None:
@@ -92,7 +172,7 @@ def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetad
                                        shared.groups, out, scale)
         decode = shared.rest
     if decode is not None:
-        out[decode.rows] = _decode(lib, q[decode.rows], kv_layer, decode, meta.block_size,
+        out[decode.rows] = _decode(lib, q[decode.rows], kv_layer, decode, block_size,
                                    window, scale)
     if meta.paged_prefill is not None:
         pp = meta.paged_prefill

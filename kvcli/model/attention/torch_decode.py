@@ -1,4 +1,4 @@
-"""Batched decode attention: every single-token sequence of a step in one call per layer.
+"""The torch routes' batched decode: every single-token sequence of a step in one call per layer.
 
 Per-sequence SDPA costs a Python round trip and a kernel launch per sequence per layer
 (960 calls per step for 32 sequences x 30 layers). Decode rows instead gather their
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-#: Share a prefix only when it saves real work: at least this many common blocks.
-MIN_CASCADE_BLOCKS = 4
+from kvcli.model.attention.shared_prefix import decode_seqs, shared_block_groups
 
 
 @dataclass(slots=True)
@@ -33,72 +32,6 @@ class DecodeBatch:
     valid: torch.Tensor  # [S, 1, 1, max_blocks * block_size] bool: real (not padding) keys
 
 
-@dataclass(slots=True)
-class PagedDecode:
-    """All single-token sequences of a step, for the native kernel (kvcli.model.native), which
-    reads K/V through the block tables itself: no gather, no padding copies, no cascade split."""
-
-    seqs: list[int]
-    rows: torch.Tensor  # [S] int64: their rows in the packed batch
-    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0 (never read)
-    seq_lens: torch.Tensor  # [S] int64
-
-
-def build_paged_decode(
-    block_tables: list[list[int]],
-    seq_lens: list[int],
-    query_start_loc: list[int],
-    block_size: int,
-    seqs: list[int] | None = None,
-) -> PagedDecode | None:
-    """The step's single-token sequences (or the given ones) for the native decode kernel."""
-    seqs = _decode_seqs(seq_lens, query_start_loc) if seqs is None else seqs
-    if not seqs:
-        return None
-    nblocks = [-(-seq_lens[s] // block_size) for s in seqs]
-    width = max(nblocks)
-    padded = [block_tables[s][:n] + [0] * (width - n) for s, n in zip(seqs, nblocks, strict=True)]
-    return PagedDecode(
-        seqs=seqs,
-        rows=torch.tensor([query_start_loc[s] for s in seqs]),
-        block_tables=torch.tensor(padded, dtype=torch.int64),
-        seq_lens=torch.tensor([seq_lens[s] for s in seqs], dtype=torch.int64),
-    )
-
-
-def _decode_seqs(seq_lens: list[int], query_start_loc: list[int]) -> list[int]:
-    """Sequences computing exactly one token after a non-empty context."""
-    return [s for s in range(len(seq_lens)) if query_start_loc[s + 1] - query_start_loc[s] == 1
-            and seq_lens[s] > 1]
-
-
-def common_prefix(tables: list[list[int]], limit: int) -> int:
-    first = tables[0]
-    n = 0
-    while n < limit and all(t[n] == first[n] for t in tables):
-        n += 1
-    return n
-
-
-def shared_block_groups(seqs: list[int], block_tables: list[list[int]],
-                  limits: list[int]) -> list[tuple[list[int], int]]:
-    """The one rule for sharing a cached prefix: the sequences whose tables start with the same
-    >= MIN_CASCADE_BLOCKS blocks, as (members, common blocks), groups of two or more only.
-    ``limits[i]`` caps sequence ``seqs[i]``'s blocks that may count (whole, visible blocks)."""
-    by_first: dict[int, list[tuple[int, int]]] = {}
-    for s, limit in zip(seqs, limits, strict=True):
-        by_first.setdefault(block_tables[s][0], []).append((s, limit))
-    groups = []
-    for entries in by_first.values():
-        if len(entries) < 2:
-            continue
-        members = [s for s, _ in entries]
-        common = common_prefix([block_tables[s] for s in members], min(lim for _, lim in entries))
-        if common >= MIN_CASCADE_BLOCKS:
-            groups.append((members, common))
-    return groups
-
-
 def build_decode_batches(
     block_tables: list[list[int]],
     seq_lens: list[int],
@@ -109,7 +42,7 @@ def build_decode_batches(
     """The step's decode sequences, grouped by their first block so that each group sharing a
     cached prefix gets a cascade; the rest form one plain batch. Empty when fewer than two
     sequences decode (the per-sequence path is as fast then)."""
-    seqs = _decode_seqs(seq_lens, query_start_loc)
+    seqs = decode_seqs(seq_lens, query_start_loc)
     if len(seqs) < 2:
         return []
     # Only full blocks can be common: cap at each context's full blocks.

@@ -1,0 +1,127 @@
+"""The kernel routes of a model: which code runs each matmul, norm, activation and RoPE.
+
+Chosen once per model (:func:`select_routes`, from the platform and the environment) into one
+:class:`KernelRoutes` that the layers hold and call directly; ``--stats`` and the bench print
+its :meth:`KernelRoutes.describe`. Per call only what depends on the call is left: a matmul's
+row count, and whether the tensor is one the kernels take (CPU, float32, contiguous).
+
+CPU float32 matmuls route by row count: up to ``numpy_max_rows`` through NumPy's OpenBLAS, up to
+``native_gemm_max_rows`` through kvcli's own kernel (native/gemm.c), the rest through the large
+GEMM library (large_gemm.py: MKL or oneDNN). Measured in place (whole decode steps of
+SmolLM2-135M, 2 cores, Xeon with AVX-512; ms per step, docs/BENCHMARKS.md): 2 rows 52.7 native /
+67.6 torch / 107.7 OpenBLAS; 4 rows 57 / 80 / 107-114; 32 rows 116-124 / 129-136 (torch). One
+row: 20 ms OpenBLAS vs 34 torch on an AMD EPYC; 1,024 rows 723 torch vs 772 OpenBLAS. The pools
+coexist because OpenMP threads sleep when idle, OpenBLAS threads stop spinning after ~0.3 ms
+(kvcli/__init__.py) and kvcli's after at most 0.3 ms (native/pool.c).
+Environment overrides (read at selection): KVCLI_NUMPY_MAX_ROWS, KVCLI_GEMM_MAX_ROWS,
+KVCLI_QGEMM_MAX_ROWS, KVCLI_LARGE_GEMM; KVCLI_NATIVE=0 / KVCLI_NATIVE_ISA via native.load().
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvcli.model import large_gemm, native
+from kvcli.model.platform import Platform, detect_platform
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _takes(x: torch.Tensor) -> bool:
+    """Whether the native kernels can work on ``x``: contiguous CPU float32."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRoutes:
+    native: ctypes.CDLL | None  # the compiled kernels; None: the torch routes
+    numpy_max_rows: int
+    native_gemm_max_rows: int
+    qgemm_max_rows: int  # quantized matmuls up to this many rows run in registers (qgemm.c)
+    large_gemm: str  # "mkl" | "onednn": float32 matmuls past the native kernel's rows
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """Every matmul of every model: ``x @ weight^T (+ bias)``, ``weight`` ``[out, in]``
+        (often a transposed view of an ``[in, out]`` buffer, which OpenBLAS and the native
+        kernel stream fastest; layers.use_input_major_layout)."""
+        if not isinstance(weight, torch.Tensor):  # a quantized weight (kvcli/model/quant)
+            return weight.linear(x, bias, self)
+        if not (x.device.type == "cpu" and x.dtype == torch.float32
+                and weight.dtype == torch.float32):
+            return F.linear(x, weight, bias)
+        rows = x.shape[0] if x.dim() == 2 else self.native_gemm_max_rows + 1
+        if rows <= self.numpy_max_rows:
+            y = torch.from_numpy(np.matmul(x.numpy(), weight.numpy().T))
+            if bias is not None:
+                y += bias
+            return y
+        in_out = weight.t()
+        if (self.native is not None and rows <= self.native_gemm_max_rows
+                and in_out.is_contiguous() and x.is_contiguous()):
+            return native.gemm(self.native, x, in_out, bias)
+        return self.large_linear(x, weight, bias)
+
+    def large_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                     ) -> torch.Tensor:
+        """``F.linear`` through the large GEMM library (``weight`` ``[out, in]``, any strides)."""
+        if self.large_gemm == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return F.linear(x, weight, bias)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """transformers' RMSNorm of a float32 ``x`` (one fused kernel instead of six ops)."""
+        if self.native is not None and _takes(x):  # one pass, threaded over rows
+            return native.rms_norm(self.native, x, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    def act_and_mul(self, gate_up: torch.Tensor, act: Activation, silu: bool) -> torch.Tensor:
+        """act(gate) * up over a fused ``[..., 2 * intermediate]`` projection."""
+        if silu and self.native is not None and _takes(gate_up):  # one pass, no temporaries
+            return native.silu_and_mul(self.native, gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act(gate) * up
+
+    def rope_in_place(self, rows: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                      heads: int, head_dim: int) -> bool:
+        """RoPE on the first ``heads`` heads of each row of ``rows`` in place, where the native
+        kernel takes it (cos/sin ``[rows, 1, head_dim]``); False: the caller rotates with torch."""
+        if self.native is None or not _takes(rows):
+            return False
+        cos, sin = cos_sin
+        native.rope_(self.native, rows, cos.squeeze(1), sin.squeeze(1), heads, head_dim)
+        return True
+
+    def describe(self) -> dict[str, str]:
+        """The matmul and element-wise routes, for ``--stats`` and the bench JSON."""
+        numpy_rows = f"<= {self.numpy_max_rows} rows numpy (OpenBLAS)" if self.numpy_max_rows else ""
+        few = (f"{self.numpy_max_rows + 1}-{self.native_gemm_max_rows} native gemm"
+               if self.native is not None and self.native_gemm_max_rows > self.numpy_max_rows
+               else "")
+        larger = "more torch " + {"mkl": "MKL", "onednn": "oneDNN"}[self.large_gemm]
+        return {"matmul": ", ".join(p for p in (numpy_rows, few, larger) if p),
+                "elementwise": "native" if self.native is not None else "torch"}
+
+
+def select_routes(platform: Platform) -> KernelRoutes:
+    """The routes of a model on ``platform`` (made once per model)."""
+    return KernelRoutes(
+        native=platform.native,
+        numpy_max_rows=int(os.environ.get("KVCLI_NUMPY_MAX_ROWS", "1")),
+        native_gemm_max_rows=int(os.environ.get("KVCLI_GEMM_MAX_ROWS", "64")),
+        qgemm_max_rows=int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64")),
+        large_gemm=large_gemm.library() if platform.cpu else "mkl",
+    )
+
+
+def process_routes() -> KernelRoutes:
+    """The routes for CPU float32 as this process's environment chooses them now, for a
+    matmul called outside a model (a test, a script); a model holds its own."""
+    return select_routes(detect_platform("cpu", torch.float32))
