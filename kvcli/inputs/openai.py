@@ -76,9 +76,20 @@ def responses_body(body: dict[str, Any], prefix: str) -> tuple[Prompt, dict[str,
         raise LineError(f"{prefix}previous_response_id", "needs a server's stored conversation; "
                         "give the whole conversation in input")
     messages = check_messages(responses_to_messages(body, prefix), f"{prefix}input")
-    prompt = Prompt(messages=messages, tools=check_tools(body.get("tools"), f"{prefix}tools"),
-                    source=f"{prefix}input")
+    tools = check_tools(_chat_tools(body.get("tools")), f"{prefix}tools")
+    prompt = Prompt(messages=messages, tools=tools, source=f"{prefix}input")
     return prompt, renamed(body, _RESPONSES_SAMPLING)
+
+
+def _chat_tools(tools: Any) -> Any:
+    """The Responses API's flat function tools ``{"type": "function", "name", "parameters"}``
+    in chat's form ``{"type": "function", "function": {...}}``, as vLLM hands them to the
+    chat template and the tool-call parser."""
+    if not isinstance(tools, list):
+        return tools
+    return [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            if isinstance(t, dict) and t.get("type") == "function" and "function" not in t
+            else t for t in tools]
 
 
 def _common_sampling(body: dict[str, Any], prefix: str) -> dict[str, Any]:
