@@ -33,11 +33,12 @@ class PromptEncoder:
     def encode_line(self, req: LineRequest, line_no: int = 0) -> list[int]:
         """:meth:`encode`, and whether the reply will start inside a reasoning block."""
         spec = req.prompt
-        text = self._render_chat(spec, line_no) if spec.messages is not None else None
-        if self.reasoning is not None and text is not None:
-            req.reasoning = self.reasoning
-            req.reasoning_inside = self.reasoning.opens(text)
-            _check_constraint(req, text, self.tokenizer)
+        if self.reasoning is None or spec.messages is None:
+            return self.encode(spec, line_no)
+        text = self._render_chat(spec, line_no)
+        req.reasoning = self.reasoning
+        req.reasoning_inside = self.reasoning.opens(text)
+        _check_constraint(req, text, self.tokenizer)
         return self._ids(spec, text)
 
     def _ids(self, spec: PromptSpec, text: str | None) -> list[int]:
