@@ -6,4 +6,4 @@ startup.install()
 
 from kvcli.cli import main  # noqa: E402 - after the handler, on purpose
 
-main()
+main(prog_name="kvcli")  # messages say "kvcli generate: ...", however it was started

@@ -24,7 +24,26 @@ from kvcli.commands.serve import serve
 _CLEAN_EXIT_COMMANDS = frozenset({"generate", "models", "perplexity", "serve"})
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UsageError(click.UsageError):
+    """A usage error worded like every other kvcli message: ``kvcli generate: ...`` on one
+    line (click's own form is a usage block and ``Error: ...``)."""
+
+    def show(self, file: object = None) -> None:
+        path = self.ctx.command_path if self.ctx is not None else "kvcli"
+        click.echo(f"{path}: {self.format_message()} (see {path} --help)", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:
+            if isinstance(err, _UsageError):
+                raise
+            raise _UsageError(err.format_message(), err.ctx) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvcli")
 @click.pass_context
 def main(ctx: click.Context) -> None:

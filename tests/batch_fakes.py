@@ -86,6 +86,9 @@ class FakeEngine:
         if params.max_tokens > 10_000:
             raise ValueError("max_tokens: the fake engine refuses more than 10000")
         cached = self._cache(prompt_token_ids, cache_salt)
+        more = params.n - 1  # every sample prefills its prompt, the first one's hit for each
+        self._skipped += more * cached
+        self._computed += more * (len(prompt_token_ids) - cached)
         body = [t for t in reversed(prompt_token_ids) if t >= OFFSET] or [OFFSET]
         plans = [(body[i % len(body):] + body[:i % len(body)]) + [EOS] for i in range(params.n)]
         self._live[request_id] = _Live(request_id, list(prompt_token_ids), params, cached, plans)
@@ -121,9 +124,12 @@ class FakeEngine:
             if all(o is not None for o in outs):
                 del self._live[live.request_id]
                 failed = "ENGINE_FAIL" in self.tokenizer.decode(live.prompt)
+                n = live.params.n
                 finished.append(RequestOutput(
                     live.request_id, live.prompt, [o for o in outs if o is not None], live.cached,
-                    error="fake engine failure" if failed else None))
+                    error="fake engine failure" if failed else None,
+                    prefill_computed=n * (len(live.prompt) - live.cached),
+                    prefill_skipped=n * live.cached))
         return finished
 
     def _choice(self, live: _Live, index: int) -> CompletionOutput | None:

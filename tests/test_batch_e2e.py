@@ -169,7 +169,7 @@ def test_sigkill_then_resume_equals_clean_run(model_dir, tmp_path) -> None:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=120)
     written = out.read_bytes().count(b"\n")
     assert 6 <= written < 40
     done = subprocess.run([*args, "--resume"], env=env, capture_output=True, timeout=300)

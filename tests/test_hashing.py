@@ -119,7 +119,7 @@ def test_decode_one_token_at_a_time() -> None:
     assert hasher.hashes == hash_token_blocks(tokens, 16)
 
 
-def test_one_million_tokens_hash_well_under_a_second() -> None:
+def test_one_million_tokens_hash_in_well_under_two_seconds() -> None:
     tokens = list(range(1_000_000))
     best = float("inf")
     for _ in range(3):
@@ -128,4 +128,4 @@ def test_one_million_tokens_hash_well_under_a_second() -> None:
         best = min(best, time.perf_counter() - start)
     assert len(hashes) == 1_000_000 // 16
     print(f"hash_token_blocks: 1M tokens in {best * 1000:.1f} ms")
-    assert best < 0.5
+    assert best < 2.0  # 60-110 ms measured: the bound is >= 10x that, not a benchmark

@@ -41,7 +41,7 @@ def ids(path: Path) -> list[str]:
 
 
 def wait_for_lines(path: Path, n: int, proc: subprocess.Popen) -> None:
-    end = time.monotonic() + 30
+    end = time.monotonic() + 120
     while time.monotonic() < end:
         if path.exists() and path.read_bytes().count(b"\n") >= n:
             return
@@ -58,14 +58,13 @@ def test_second_writer_exits_2_at_once_naming_file_and_pid(setup) -> None:
     wait_for_lines(out, 1, first)
     for extra in ([], ["--resume"], ["--overwrite"]):
         before = out.read_bytes()
-        t0 = time.monotonic()
         second = subprocess.run([*cmd, "-o", str(out), "-q", *extra], env=env(0),
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=300)
         assert second.returncode == 2, (extra, second.stderr)
         assert f"{out} is being written by another process (pid {first.pid})" in second.stderr
-        assert time.monotonic() - t0 < 20 and first.poll() is None  # at once, not after it
+        assert first.poll() is None  # at once, not after it: the holder still runs (no clock)
         assert out.read_bytes()[:len(before)] == before  # nothing truncated or appended
-    assert first.wait(timeout=60) == 0, first.stderr.read()
+    assert first.wait(timeout=300) == 0, first.stderr.read()
     assert sorted(ids(out)) == sorted(o["id"] for o in LINES)  # the holder's run is whole
 
 
@@ -74,7 +73,7 @@ def test_two_writers_started_together_give_one_copy_of_each_result(setup) -> Non
     # 0.2 s a step: each run outlasts the other's start-up, so they truly overlap.
     procs = [subprocess.Popen([*cmd, "-o", str(out), "-q"], env=env(0.2),
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    codes = sorted(p.wait(timeout=60) for p in procs)
+    codes = sorted(p.wait(timeout=300) for p in procs)
     errors = [p.stderr.read() for p in procs]
     assert codes == [0, 2], errors
     assert any("is being written by another process" in e for e in errors)
@@ -83,11 +82,11 @@ def test_two_writers_started_together_give_one_copy_of_each_result(setup) -> Non
 
 def test_two_resumes_of_a_partial_file_duplicate_nothing(setup) -> None:
     cmd, _, out = setup
-    subprocess.run([*cmd, "-o", str(out), "-q"], env=env(0), check=True, timeout=60)
+    subprocess.run([*cmd, "-o", str(out), "-q"], env=env(0), check=True, timeout=300)
     out.write_text("".join(line + "\n" for line in out.read_text().splitlines()[:12]))
     procs = [subprocess.Popen([*cmd, "-o", str(out), "-q", "--resume"], env=env(0.2),
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    codes = sorted(p.wait(timeout=60) for p in procs)
+    codes = sorted(p.wait(timeout=300) for p in procs)
     assert codes == [0, 2], [p.stderr.read() for p in procs]
     assert sorted(ids(out)) == sorted(o["id"] for o in LINES)
 

@@ -42,7 +42,8 @@ def faulty_execute(self, *args, **kwargs):
     if counts["forward"] == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     if slow_from and counts["forward"] >= slow_from:
-        Path(env("SLOW_MARKER")).touch()
+        with open(env("SLOW_MARKER"), "a") as marker:  # one byte per slowed pass begun
+            marker.write("x")
         time.sleep(slow_s)
     return execute(self, *args, **kwargs)
 
@@ -165,24 +166,30 @@ def test_kill_9_at_several_points_then_resume_equals_clean_run(job, tmp_path) ->
 
 @pytest.mark.slow
 def test_sigterm_then_double_sigint_stop_promptly_then_resume_completes(job, tmp_path) -> None:
+    """Promptness is counted in forward passes, not bounded tightly in seconds (a busy machine
+    stretches seconds, never passes): the time bounds are >= 10x what a working stop takes and
+    far below what a stop that waited would take."""
     out = tmp_path / "out.jsonl"
     marker = Path(str(out) + ".slow")
     # SIGTERM inside a forward pass slowed to 0.5 s (from the 30th on): that step ends, then exit.
+    # Not stopping would run ~200 more slowed passes (100 s).
     proc = start(job, out, SLOW_FORWARD="30:0.5")
     wait_until(marker.exists, proc)
     written = out.read_bytes().count(b"\n")
+    begun = len(marker.read_bytes())
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     err = finish(proc, 143)
     took = time.monotonic() - sent
     print(f"SIGTERM during a 0.5 s forward pass: exited 143 after {took:.2f} s")
-    assert took < 2.5, "did not stop after the step in progress"
+    assert len(marker.read_bytes()) - begun <= 1, "ran on past the step in progress"
+    assert took < 10, "did not stop after the step in progress"
     assert "stopped (SIGTERM)" in err and f"--resume -o {out}" in err
     rows, tail = complete_lines(out)
     assert tail == b"" and written <= len(rows) < N_REQUESTS
-    # Ctrl-C twice: the second one does not wait for the (3 s) forward pass to end.
+    # Ctrl-C twice: the second one does not wait for the (60 s) forward pass to end.
     marker.unlink()
-    proc = start(job, out, "--resume", SLOW_FORWARD="20:3.0")
+    proc = start(job, out, "--resume", SLOW_FORWARD="20:60.0")
     wait_until(marker.exists, proc)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
@@ -190,8 +197,8 @@ def test_sigterm_then_double_sigint_stop_promptly_then_resume_completes(job, tmp
     proc.send_signal(signal.SIGINT)
     finish(proc, 130)
     took = time.monotonic() - sent
-    print(f"second SIGINT during a 3 s forward pass: exited 130 after {took:.2f} s")
-    assert took < 2.0
+    print(f"second SIGINT during a 60 s forward pass: exited 130 after {took:.2f} s")
+    assert took < 30, "waited for the forward pass"  # ~0.1 s expected; waiting: >= 60 s
     again, tail = complete_lines(out)
     assert tail == b"" and len(again) >= len(rows)
     err = finish(start(job, out, "--resume"), 0)
@@ -269,7 +276,8 @@ def _pickled_then_truncated(model: Path) -> None:
 @pytest.mark.parametrize("damage, args, message", [
     (lambda m: _truncate(m / "model.safetensors"), [], "SafetensorError: Error while deserializ"),
     (_pickled_then_truncated, ["--allow-pickle"], "RuntimeError: PytorchStreamReader failed"),
-    (lambda m: None, ["--device", "warp-drive"], "RuntimeError: "),  # torch's words vary
+    # The model is fine: the flag is named, not a torch error (kvcli/batch/resources.py)
+    (lambda m: None, ["--device", "warp-drive"], "--device warp-drive: unknown device; use cpu"),
 ])
 def test_unusable_model_files_and_devices_are_one_line_errors(job, tmp_path, damage, args,
                                                               message) -> None:
@@ -281,5 +289,5 @@ def test_unusable_model_files_and_devices_are_one_line_errors(job, tmp_path, dam
                              catch_exceptions=False)  # an uncaught exception fails the test
     assert res.exit_code == 2 and res.stdout == ""
     [line] = res.stderr.splitlines()
-    assert line.startswith(f"kvcli generate: cannot load model '{model}': {message}")
-    assert "warp-drive" in line or "--device" not in args
+    cause = message if "--device" in args else f"cannot load model '{model}': {message}"
+    assert line.startswith(f"kvcli generate: {cause}")

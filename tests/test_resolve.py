@@ -168,7 +168,7 @@ def test_killed_conversion_leaves_no_model(tiny_models, kvcli_home: Path) -> Non
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=120)
     models = kvcli_home / "models"
     left = [p.name for p in models.iterdir()]
     assert len(left) == 1 and left[0].startswith(".tmp-")  # only the hidden temp dir

@@ -230,4 +230,4 @@ def test_tokenizer_never_imports_torch(tiny_models) -> None:
         "t.apply_chat_template([{'role': 'user', 'content': 'hi'}])\n"
         "assert not {'torch', 'transformers'} & set(sys.modules), 'heavy import'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -243,7 +243,8 @@ def _report(
             lines += groups_lines(groups, id_of, style) if groups is not None else []
             if baseline is not None and baseline.expected is not None:
                 lines += baseline_lines(baseline, profile.block_size, style)
-            lines += findings_lines(findings, sources, opts.limit, style)
+            moved = len(baseline.moved) if baseline is not None else 0
+            lines += findings_lines(findings, sources, opts.limit, style, moved)
             if opts.show_blocks:
                 lines += blocks_lines(results, style)
         out.write(("\n".join(lines) + "\n").encode("utf-8"))

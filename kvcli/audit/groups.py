@@ -36,10 +36,12 @@ class PrefixGroup:
     segment: str | None = None  # and in which part of it
 
 
-UPPER_BOUND = ("an upper bound for any cache size and any order: the tokens in full blocks that an "
-               "earlier prompt also has (each prompt still computes its last token)")
-NOT_A_BOUND = ("the tokens in full blocks that an earlier prompt also has; a token-granular cache (this "
-               "profile) also reuses the shared part of a partial block, so it is not a bound here")
+UPPER_BOUND = ("the tokens in full blocks that an earlier prompt of this input also has: an upper bound "
+               "on the hit rate this input can reach from an empty cache, for any cache size and any order "
+               "(each prompt still computes its last token); blocks already on --kv-cache-dir from earlier "
+               "runs can add hits beyond it")
+NOT_A_BOUND = ("the tokens in full blocks that an earlier prompt of this input also has; a token-granular "
+               "cache (this profile) also reuses the shared part of a partial block, so it is not a bound here")
 
 
 @dataclass(slots=True)

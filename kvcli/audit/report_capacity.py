@@ -8,6 +8,7 @@ from typing import Any
 
 from kvcli.audit.capacity import CapacityReport, CurvePoint
 from kvcli.audit.style import Style
+from kvcli.numbers import percent
 
 BAR = 30  # characters of the text chart's widest bar
 CURVE_ROWS = 14  # text rows at most (every other point of a long curve)
@@ -40,14 +41,14 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
     b = report.bounded
     if b is not None:
         lines.append(f"  at --cache-size {size_label(report, b.blocks)}, concurrency {b.concurrency}: "
-                     f"{b.cached_tokens:,} cached tokens, {b.hit_rate:.1%} hit rate "
-                     f"(unbounded {report.unbounded_hit_rate:.1%})")
+                     f"{b.cached_tokens:,} cached tokens, {percent(b.hit_rate)} hit rate "
+                     f"(unbounded {percent(report.unbounded_hit_rate)})")
         if b.too_large:
             lines.append(f"  {b.too_large:,} prompt(s) need more blocks than that cache has (the engine refuses them)")
     if report.engine_pool is not None:
         e = report.engine_pool
         lines.append(f"  at kvcli generate's default pool, {size_label(report, e.blocks)}: {e.cached_tokens:,} "
-                     f"cached tokens, {e.hit_rate:.1%} hit rate")
+                     f"cached tokens, {percent(e.hit_rate)} hit rate")
     if report.token_bytes and report.kv_dtype:
         lines.append(f"  KV: {report.token_bytes:,} bytes per token in {report.kv_dtype} (the model's layers x 2 x KV "
                      f"heads x head dim x element size), as `kvcli generate --dtype {report.kv_dtype}` allocates; "
@@ -56,12 +57,12 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
     for p in _thin(report.curve):
         bar = "█" * round(BAR * p.hit_rate / max(report.unbounded_hit_rate, 1e-9))
         extra = f" {human_bytes(p.bytes):>10}" if p.bytes is not None else ""
-        lines.append(f"    {p.blocks:>10,} blocks {p.tokens:>12,} tokens{extra} {p.hit_rate:>7.1%}  {bar}")
+        lines.append(f"    {p.blocks:>10,} blocks {p.tokens:>12,} tokens{extra} {percent(p.hit_rate):>7}  {bar}")
     if report.ordering is not None:
         lines.append(f"  {ordering_sentence(report)}")
     if report.elbow is not None:
-        lines.append(f"  elbow: {size_label(report, report.elbow.blocks)} reaches {report.elbow.hit_rate:.1%}, "
-                     f"90% of the unbounded {report.unbounded_hit_rate:.1%}")
+        lines.append(f"  elbow: {size_label(report, report.elbow.blocks)} reaches {percent(report.elbow.hit_rate)}, "
+                     f"90% of the unbounded {percent(report.unbounded_hit_rate)}")
     lines.append(style(f"  the curve assumes {report.assumes}", "dim"))
     if b is not None and b.concurrency > 1:
         lines.append(style(f"  at --cache-size: {b.concurrency} prompts in flight (in input order, the oldest "
@@ -73,10 +74,10 @@ def ordering_sentence(report: CapacityReport) -> str:
     o = report.ordering
     where = size_label(report, o.blocks)
     if round(o.sorted_hit_rate, 3) == round(o.given_hit_rate, 3):
-        change = f"would not change the hit rate at {where} ({o.given_hit_rate:.1%})"
+        change = f"would not change the hit rate at {where} ({percent(o.given_hit_rate)})"
     else:
         verb = "raise" if o.sorted_hit_rate > o.given_hit_rate else "lower"
-        change = f"would {verb} the hit rate at {where} from {o.given_hit_rate:.1%} to {o.sorted_hit_rate:.1%}"
+        change = f"would {verb} the hit rate at {where} from {percent(o.given_hit_rate)} to {percent(o.sorted_hit_rate)}"
     return (f"ordering by prefix {change} (all prompts sorted by tokens, one at a time: the limit of "
             "`kvcli generate --scheduling cache-aware`)")
 
@@ -129,7 +130,7 @@ def capacity_svg(report: CapacityReport, width: int = 640, height: int = 220) ->
         'aria-label="hit rate by cache size">',
         f'<line x1="{pad}" y1="{uy:.1f}" x2="{width - 12}" y2="{uy:.1f}" stroke="#888" stroke-dasharray="4 3"/>',
         f'<text x="{pad + 4}" y="{uy - 4:.1f}" font-size="11" fill="#555">unbounded '
-        f"{report.unbounded_hit_rate:.1%}</text>",
+        f"{percent(report.unbounded_hit_rate)}</text>",
         f'<polyline fill="none" stroke="#3fa34d" stroke-width="2" points="{path}"/>',
         f'<line x1="{pad}" y1="{height - 28}" x2="{width - 12}" y2="{height - 28}" stroke="#333"/>',
         f'<text x="4" y="{top + 10}" font-size="11">100%</text><text x="4" y="{height - 28}" font-size="11">0%</text>',

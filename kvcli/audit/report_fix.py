@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvcli.numbers import percent
+
 if TYPE_CHECKING:
     from kvcli.audit.fix_command import FixReport, Replayed, Step
 
@@ -13,7 +15,7 @@ def _rates(step: Step) -> str:
         return "no change"
     b, a = step.before, step.after
     verdict = "applied" if step.applied else f"NOT applied: {step.reason}"
-    return (f"hit rate {b.hit_rate:.1%} -> {a.hit_rate:.1%}, prefill tokens {b.prefill:,} -> {a.prefill:,}: "
+    return (f"hit rate {percent(b.hit_rate)} -> {percent(a.hit_rate)}, prefill tokens {b.prefill:,} -> {a.prefill:,}: "
             f"{verdict}")
 
 
@@ -21,12 +23,12 @@ def fix_lines_text(report: FixReport, source: str) -> list[str]:
     b = report.before
     lines = [f"kvcli audit --fix: {report.changed_lines:,} of {report.lines:,} lines of {source} changed, "
              f"written to {report.out}",
-             f"  replayed on {report.replay}: before, hit rate {b.hit_rate:.1%}, prefill tokens {b.prefill:,} "
+             f"  replayed on {report.replay}: before, hit rate {percent(b.hit_rate)}, prefill tokens {b.prefill:,} "
              f"of {b.tokens:,}"]  # fmt: skip
     for step in report.steps:
         lines.append(f"  {step.rule:<11} {len(step.changes):>4} change(s)  {_rates(step)}")
     final = _final(report)
-    lines.append(f"  after: hit rate {final.hit_rate:.1%}, prefill tokens {final.prefill:,} of {final.tokens:,}")
+    lines.append(f"  after: hit rate {percent(final.hit_rate)}, prefill tokens {final.prefill:,} of {final.tokens:,}")
     for step in report.steps:
         if step.changes:
             lines += ["", f"  {step.rule} ({'applied' if step.applied else 'not applied'}):"]

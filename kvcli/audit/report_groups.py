@@ -8,6 +8,7 @@ from typing import Any
 
 from kvcli.audit.groups import GroupsReport, PrefixGroup
 from kvcli.audit.style import Style
+from kvcli.numbers import percent
 
 TEXT_GROUPS = 5
 
@@ -26,7 +27,7 @@ def _where(g: PrefixGroup) -> str:
 
 def groups_lines(report: GroupsReport, id_of: IdOf, style: Style) -> list[str]:
     lines = ["", style("── shared prefixes ", "bold") + "─" * 53,
-             f"  cacheability {report.cacheability:.1%} ({report.cacheable_tokens:,} of {report.tokens:,} tokens): "
+             f"  cacheability {percent(report.cacheable_tokens, report.tokens)} ({report.cacheable_tokens:,} of {report.tokens:,} tokens): "
              f"{report.meaning}"]  # fmt: skip
     if not report.groups:
         return [*lines, "  no prefix of a full block is shared by two prompts"]
@@ -63,5 +64,5 @@ def groups_html(report: GroupsReport, id_of: IdOf) -> str:
         for g in report.groups
     )
     head = "<tr><th>tokens</th><th>prompts</th><th>saves</th><th>ends in</th><th>prompts</th></tr>"
-    return (f'<h2>Shared prefixes</h2><p id="cacheability">cacheability <b>{report.cacheability:.1%}</b>: '
+    return (f'<h2>Shared prefixes</h2><p id="cacheability">cacheability <b>{percent(report.cacheable_tokens, report.tokens)}</b>: '
             f'{escape(report.meaning)}</p><table class="f" id="groups">{head}{rows}</table>')

@@ -13,6 +13,7 @@ from html import escape
 from kvcli.audit.auditor import Summary
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import Excerpt, Finding, InputProblem, PromptResult
+from kvcli.numbers import percent
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -47,7 +48,7 @@ def _summary(tokenizer: str, profile: Profile, s: Summary, problems: int) -> str
     rows = [
         ("prompts", f"{s.prompts:,}"),
         ("tokens", f"{s.tokens:,}"),
-        ("cached tokens", f"{s.cached_tokens:,} ({s.hit_rate:.1%})"),
+        ("cached tokens", f"{s.cached_tokens:,} ({percent(s.cached_tokens, s.tokens)})"),
         ("could be saved", f"{s.tokens_at_stake:,}"),
         ("findings", f"{s.findings['error']} errors, {s.findings['warning']} warnings, {s.findings['info']} info"),
         ("input problems", f"{problems}"),

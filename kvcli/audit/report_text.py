@@ -8,6 +8,7 @@ from kvcli.audit.auditor import Summary
 from kvcli.audit.profiles import Profile
 from kvcli.audit.records import Excerpt, Finding, PromptResult
 from kvcli.audit.style import Style, plural
+from kvcli.numbers import percent
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -20,11 +21,11 @@ def summary_lines(tokenizer: str, profile: Profile, s: Summary, problems: int, s
         + f") · tokenizer {tokenizer}",
         "",
         f"  tokens          {s.tokens:>12,}",
-        f"  cached tokens   {s.cached_tokens:>12,}  ({s.hit_rate:.1%} hit rate)",
+        f"  cached tokens   {s.cached_tokens:>12,}  ({percent(s.cached_tokens, s.tokens)} hit rate)",
     ]
     if s.tokens:
         share = s.tokens_at_stake / s.tokens
-        lines.append(f"  could be saved  {s.tokens_at_stake:>12,}  (≈{share:.1%} more, by fixing the findings below)")
+        lines.append(f"  could be saved  {s.tokens_at_stake:>12,}  (≈{percent(share)} more, by fixing the findings below)")
     counts = [
         style(plural(s.findings["error"], "error"), "error") if s.findings["error"] else plural(0, "error"),
         style(plural(s.findings["warning"], "warning"), "warning") if s.findings["warning"] else plural(0, "warning"),
@@ -62,7 +63,14 @@ def finding_lines(f: Finding, sources: dict[int, str], style: Style) -> list[str
     return lines
 
 
-def findings_lines(findings: list[Finding], sources: dict[int, str], limit: int, style: Style) -> list[str]:
+def findings_lines(findings: list[Finding], sources: dict[int, str], limit: int, style: Style,
+                   moved: int = 0) -> list[str]:
+    """``moved``: stable prefixes that moved against --baseline, which fail the run (exit 1)
+    even without a finding, so "No findings" alone would contradict the exit status."""
+    if not findings and moved:
+        return ["", f"No findings in the prompts themselves, but the --baseline check failed: "
+                    f"{plural(moved, 'stable prefix', 'stable prefixes')} moved (see the baseline "
+                    f"section above); exit status 1."]
     if not findings:
         return ["", "No findings: every prompt reuses what its position in the input allows."]
     by_rule: dict[str, list[Finding]] = defaultdict(list)

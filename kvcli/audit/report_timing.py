@@ -7,6 +7,7 @@ from typing import Any
 from kvcli.audit.counting import HitCounter
 from kvcli.audit.style import Style
 from kvcli.audit.timing import PRICES_AS_OF
+from kvcli.numbers import percent
 
 NO_TIMES = "no request carries a time (created, timestamp or --time-field): the replay assumes no expiry"
 
@@ -30,7 +31,7 @@ def cost_sentence(hits: HitCounter) -> str | None:
     cost = hits.cost
     if cost is None:
         return None
-    return (f"input cost ≈ {cost.relative:.1%} of the same prompts uncached ({cost.profile} cache read/write price "
+    return (f"input cost ≈ {percent(cost.relative)} of the same prompts uncached ({cost.profile} cache read/write price "
             f"multipliers, copy of {PRICES_AS_OF}; kvcli/audit/timing.py has the table and sources)")
 
 

@@ -18,6 +18,7 @@ from typing import IO, Any
 import orjson
 
 from kvcli.audit.records import InputProblem
+from kvcli.compression import Decompressed, open_decompressed, open_read, strip_suffix
 
 TEXT_SUFFIXES = (".txt", ".md")
 JSON_SUFFIXES = (".json",)
@@ -186,10 +187,13 @@ def _chain_first(lines: list[bytes], stream: IO[bytes]) -> Iterator[bytes | _Lon
 
 
 def iter_file(path: Path) -> Iterator[Item]:
+    """One file's records; a gzip/bzip2/xz/zstd file (by its first bytes) is read decompressed,
+    by the suffix under its compression suffix (``x.jsonl.gz`` is JSONL)."""
     name = str(path)
-    suffix = path.suffix.lower()
     try:
-        with path.open("rb") as f:
+        with open_read(name) as f:
+            plain = strip_suffix(name) if isinstance(f, Decompressed) else name
+            suffix = Path(plain).suffix.lower()
             if suffix in JSONL_SUFFIXES:
                 yield from iter_jsonl(_bounded_lines(f), name)
             elif suffix in JSON_SUFFIXES:
@@ -208,7 +212,7 @@ def directory_files(directory: Path) -> list[Path]:
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for file in files:
-            if not file.startswith(".") and file.lower().endswith(AUDITED_SUFFIXES):
+            if not file.startswith(".") and strip_suffix(file).lower().endswith(AUDITED_SUFFIXES):
                 found.append(Path(root) / file)
     return sorted(found, key=lambda p: p.relative_to(directory).parts)
 
@@ -231,12 +235,20 @@ def check_paths(paths: Iterable[str]) -> list[str]:
     return checked
 
 
+def _stdin_records(stdin: IO[bytes]) -> Iterator[Item]:
+    """Standard input, decompressed if it is compressed; damage is a problem, not a crash."""
+    try:
+        yield from iter_sniffed(open_decompressed(stdin), "<stdin>")  # type: ignore[arg-type]
+    except OSError as err:
+        yield InputProblem("<stdin>", f"cannot read: {err.strerror or err}")
+
+
 def iter_records(paths: Iterable[str], stdin: IO[bytes] | None = None) -> Iterator[Item]:
     for spec in paths:
         if spec == "-":
             if stdin is None:
                 raise InputError("-: no standard input")
-            yield from iter_sniffed(stdin, "<stdin>")
+            yield from _stdin_records(stdin)
             continue
         path = Path(spec)
         files = directory_files(path) if path.is_dir() else [path]

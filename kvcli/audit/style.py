@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import click
 
+from kvcli.numbers import plural
+
+__all__ = ["Style", "plural"]
+
 _STYLES = {
     "error": {"fg": "red", "bold": True},
     "warning": {"fg": "yellow", "bold": True},
@@ -24,7 +28,3 @@ class Style:
 
     def __call__(self, text: str, kind: str) -> str:
         return click.style(text, **_STYLES[kind]) if self.color else text
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count:,} {word}" + ("" if count == 1 else "s")

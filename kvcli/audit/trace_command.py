@@ -16,6 +16,7 @@ from kvcli.audit.style import Style, plural
 from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 from kvcli.audit.trace import TraceReplay, TraceRequest, parse_trace_line
 from kvcli.audit.worth import TIME_MODEL
+from kvcli.numbers import percent
 
 if TYPE_CHECKING:
     from kvcli.audit.command import AuditOptions
@@ -121,14 +122,14 @@ def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate
         + ")", "",
         f"  input tokens    {r.tokens:>14,}  (output {r.output_tokens:,}, not cached)",
         f"  distinct blocks {len(r.index):>14,}",
-        f"  cached tokens   {r.cached_tokens:>14,}  ({r.hit_rate:.1%} hit rate, unbounded cache"
+        f"  cached tokens   {r.cached_tokens:>14,}  ({percent(r.hit_rate)} hit rate, unbounded cache"
         + (", with expiry)" if r.clock.expired_tokens else ")"),
         f"  {_time_sentence(r)}",
     ]  # fmt: skip
     if r.clock.expired_tokens:
         lines.append(f"  expiry: {r.clock.expired_tokens:,} tokens an unexpiring cache would have served")
     if r.cost is not None:
-        lines.append(f"  input cost ≈ {r.cost.relative:.1%} of the same prompts uncached (openai cached-input "
+        lines.append(f"  input cost ≈ {percent(r.cost.relative)} of the same prompts uncached (openai cached-input "
                      f"multiplier, copy of {PRICES_AS_OF}; kvcli/audit/timing.py)")
     if rate:
         saved = r.cached_tokens if capacity.bounded is None else capacity.bounded.cached_tokens

@@ -20,6 +20,7 @@ from typing import Any
 from kvcli.audit.records import InputProblem, PromptRequest, PromptResult, RenderedPrompt
 from kvcli.audit.sources import check_paths, iter_records
 from kvcli.audit.style import Style
+from kvcli.numbers import percent
 
 LESS = ("the provider cached less than predicted: the request went to another machine (routing), "
         "or the prefix expired or was evicted")
@@ -164,8 +165,8 @@ def traffic_lines(t: TrafficCompare, limit: int, style: Style) -> list[str]:
     rate = t.actual / t.provider_tokens if t.provider_tokens else 0.0
     lines = ["", style("── provider's actual cache ", "bold") + "─" * 45,
              f"  {t.requests:,} request(s) with usage: the provider served {t.actual:,} of {t.provider_tokens:,} "
-             f"prompt tokens from its cache ({rate:.1%}); the audit predicted {t.predicted:,} of {t.tokens:,} "
-             f"({t.predicted / max(t.tokens, 1):.1%})",
+             f"prompt tokens from its cache ({percent(rate)}); the audit predicted {t.predicted:,} of {t.tokens:,} "
+             f"({percent(t.predicted, max(t.tokens, 1))})",
              *_joined(t),
              f"  {t.requests - len(t.disagree):,} agree within a block ({t.block_size} tokens), "
              f"{len(t.disagree):,} disagree"]  # fmt: skip

@@ -11,6 +11,7 @@ from typing import Any
 from kvcli.audit.counting import HitCounter
 from kvcli.audit.records import PromptResult, RenderedPrompt
 from kvcli.audit.style import Style, plural
+from kvcli.numbers import percent
 
 TIME_MODEL = ("prefill time taken as linear in the tokens computed, at the rate given; attention's "
               "quadratic part, batching and decode are not in it")
@@ -56,7 +57,7 @@ def worth_lines(w: Worth, style: Style) -> list[str]:
     for label, cached in (("unbounded cache", w.cached), ("at --cache-size", w.bounded)):
         if cached is None:
             continue
-        saved = f"{cached:,} prefill tokens saved of {w.tokens:,} ({cached / max(w.tokens, 1):.1%})"
+        saved = f"{cached:,} prefill tokens saved of {w.tokens:,} ({percent(cached, max(w.tokens, 1))})"
         t_all, t_with = w.seconds(w.tokens), w.seconds(w.tokens - cached)
         if t_all is not None and t_with is not None:
             saved += f"; ≈ {t_all:,.1f} s of prefill without a cache, {t_with:,.1f} s with it, {t_all - t_with:,.1f} s saved"

@@ -19,6 +19,7 @@ class GenerateConfig:
     ordered: bool = False
     input_order: str = "given"  # "prefix": the whole file grouped by prompt prefix (ordering.py)
     token_ids: bool = False
+    deterministic_ids: bool = False  # OpenAI ids from custom_id + prompt (output.py)
     strict: bool = False
     fail_fast: bool = False
     max_pending: int = 256

@@ -31,6 +31,8 @@ from kvcli.batch.signals import StopSignal
 from kvcli.batch.source import RawLine
 from kvcli.batch.summary import FAILED, RunCounters, Tally
 from kvcli.batch.writer import ResultWriter
+from kvcli.engine.admission import CONTEXT_OVERFLOW
+from kvcli.numbers import plural
 from kvcli.reasoning import ReasoningParser
 from kvcli.sampling_params import SamplingParams
 
@@ -219,6 +221,8 @@ class BatchJob:
         self._emit(seq, line, tally)
 
     def _reject(self, seq: int, req: LineRequest, err: ValueError) -> None:
+        if CONTEXT_OVERFLOW in str(err):  # the engine's words; the flag is the batch's
+            err = ValueError(f"{err} (--clamp-max-tokens caps it there instead)")
         error = LineError.from_value_error(err)
         if error.field and req.field_prefix and not error.field.startswith(req.field_prefix):
             error = LineError(req.field_prefix + error.field, error.message, error.code)
@@ -299,5 +303,6 @@ class BatchJob:
         hint = {errno.ENOSPC: " (disk full)", errno.EDQUOT: " (disk full)",
                 errno.EFBIG: " (file size limit)"}.get(err.errno or 0, "")
         self.reporter.error(f"kvcli generate: cannot write to {self.writer.sink.name}: "
-                            f"{err.strerror or err}{hint}; {self.writer.written} results written")
+                            f"{err.strerror or err}{hint}; "
+                            f"{plural(self.writer.written, 'result')} written")
         return self._outcome(EXIT_FAILED, f"write error: {err.strerror or err}")

@@ -30,6 +30,7 @@ from kvcli.batch.parse import ParseOptions, parse_line
 from kvcli.batch.records import FailedLine
 from kvcli.batch.source import RawLine, iter_lines
 from kvcli.batch.writer import ResultWriter
+from kvcli.compression import is_compressed, seekable_copy
 from kvcli.hashing import hash_token_blocks
 
 #: Blocks of a prompt that decide its place (512 tokens at the default block size 16): lines
@@ -88,8 +89,13 @@ def lines_in_order(stream: BinaryIO, entries: list[tuple[bytes, int, int, int]],
 
 def prefix_ordered_lines(path: str, encoder: PromptEncoder, opts: ParseOptions,
                          block_size: int, max_line_bytes: int) -> Iterator[RankedLine]:
-    """Both passes over a regular file ``path`` (the caller checks it can be read twice)."""
-    stream = open(path, "rb")  # noqa: SIM115 - closed when the generator ends
+    """Both passes over a regular file ``path`` (the caller checks it can be read twice). The
+    offsets are the uncompressed bytes' : a compressed ``path`` is decompressed once into a
+    temporary file and both passes read that (a compressed stream cannot seek back)."""
+    if is_compressed(path):
+        stream = seekable_copy(path)
+    else:
+        stream = open(path, "rb")  # noqa: SIM115 - closed when the generator ends
     try:
         entries = index_by_prefix(stream, prompt_key_fn(encoder, opts, block_size),
                                   max_line_bytes)

@@ -9,9 +9,13 @@ either kind of consumer can join it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 import uuid
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,15 +59,27 @@ class ResultFormatter:
     _token_text: dict[int, str] = field(default_factory=dict)
     _token_raw: dict[int, list[int]] = field(default_factory=dict)
     _special_ids: frozenset[int] | None = None
+    # --deterministic-ids: OpenAI ids derived from custom_id + prompt, `created` fixed
+    deterministic_ids: bool = False
+
+    def _id(self, prefix: str, key: str, out: RequestOutput | None = None) -> str:
+        if not self.deterministic_ids:
+            return _new_id(prefix)
+        return derived_id(prefix, key, out.prompt_token_ids if out is not None else ())
+
+    def _created(self) -> int:
+        return reproducible_time() if self.deterministic_ids else int(time.time())
 
     def success(self, req: LineRequest, out: RequestOutput) -> bytes:
         if req.style is Style.PLAIN:
             return dumps_line(self._plain(req, out))
         body = self._responses(req, out) if req.style is Style.RESPONSES \
             else self._openai_body(req, out)
+        key = req.ident.key
         return dumps_line({
-            "id": _new_id("batch_req_"), "custom_id": req.ident.key,
-            "response": {"status_code": 200, "request_id": _new_id("req_"), "body": body},
+            "id": self._id("batch_req_", key, out), "custom_id": key,
+            "response": {"status_code": 200, "request_id": self._id("req_", key, out),
+                         "body": body},
             "error": None,
         })
 
@@ -76,8 +92,8 @@ class ResultFormatter:
             return dumps_line({"id": key, "custom_id": key, "response": None, "error": error})
         if failed.style is Style.PLAIN:
             return dumps_line({**self._plain_ids(failed.ident), "error": error})
-        return dumps_line({"id": _new_id("batch_req_"), "custom_id": key, "response": None,
-                           "error": error})
+        return dumps_line({"id": self._id("batch_req_", key), "custom_id": key,
+                           "response": None, "error": error})
 
     # ------------------------------------------------------------------ plain
     @staticmethod
@@ -122,9 +138,9 @@ class ResultFormatter:
     def _openai_body(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
         chat = req.style is Style.CHAT
         body: dict[str, Any] = {
-            "id": _new_id("chatcmpl-" if chat else "cmpl-"),
+            "id": self._id("chatcmpl-" if chat else "cmpl-", req.ident.key, out),
             "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
+            "created": self._created(),
             "model": self.model_name,
             "choices": [self._openai_choice(req, c, chat) for c in out.outputs],
             "usage": {"prompt_tokens": len(out.prompt_token_ids),
@@ -173,7 +189,10 @@ class ResultFormatter:
             if self.cache_block else 0
         usage = response_usage(prompt, out.num_cached_tokens, written, len(c.token_ids),
                                reply.reasoning_tokens)
-        return response_body(req, c, reply, calls, self.model_name, usage)
+        key = req.ident.key
+        return response_body(req, c, reply, calls, self.model_name, usage,
+                             lambda prefix, n: self._id(prefix, f"{key}#{n}" if n else key, out),
+                             self._created())
 
     def _reply(self, req: LineRequest, c: CompletionOutput) -> Reply:
         return read_reply(req, c, lambda ids: self.tokenizer.decode(ids))
@@ -232,3 +251,19 @@ def _completion_tokens(out: RequestOutput) -> int:
 
 def _new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
+
+
+def derived_id(prefix: str, key: str, prompt_token_ids: Sequence[int]) -> str:
+    """An id as long as a random one, from what the line asked: its custom_id and prompt
+    (the same line gives the same id in every run; another line, another id)."""
+    digest = hashlib.sha256(b"kvcli-id/v1\0" + prefix.encode() + b"\0"
+                            + key.encode("utf-8", "surrogatepass") + b"\0"
+                            + array("I", prompt_token_ids).tobytes())
+    return prefix + digest.hexdigest()[:32]
+
+
+def reproducible_time() -> int:
+    """``created`` of --deterministic-ids: $SOURCE_DATE_EPOCH (the reproducible-builds
+    convention) when it is an integer, else 0."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(value) if value.strip().isdigit() else 0

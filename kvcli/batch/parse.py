@@ -19,7 +19,9 @@ from kvcli.batch.guard import internal_failure
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
+from kvcli.inputs.errors import show_value
 from kvcli.inputs.fields import line_id
+from kvcli.inputs.openai import CHAT_URL, COMPLETIONS_URL, RESPONSES_URL
 from kvcli.sampling_params import SamplingParams
 from kvcli.structured import line_constraint
 from kvcli.structured.tools import check_tool_choice, tool_constraint
@@ -45,6 +47,7 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         obj = _decode(raw, opts.max_line_bytes)
         style = _style_guess(obj)  # an OpenAI-shaped error result even if the url is bad
         ident = _ident(obj, raw.line_no)
+        _check_generate_url(obj)
         req = parse_request(obj, opts.strict)
         style = _style(req)
         _check_custom_id(req)
@@ -85,6 +88,23 @@ def _style_guess(obj: dict[str, Any]) -> Style:
 def _ident(obj: dict[str, Any], line_no: int) -> LineId:
     key, name = line_id(obj)
     return LineId(line_no, key, name) if key is not None else LineId.from_line_no(line_no)
+
+
+#: The Batch API endpoints generate answers (the shared request model also reads
+#: /v1/responses lines, for the audit; generate writes no Responses objects).
+GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL)
+
+
+def _check_generate_url(obj: dict[str, Any]) -> None:
+    """A Batch line's ``url``, refused with exactly the endpoints generate accepts."""
+    url = obj.get("url")
+    batch_line = any(name in obj for name in ("url", "body", "method"))
+    if not batch_line or (isinstance(url, str) and url in GENERATE_URLS):
+        return
+    hint = "; give a Responses body as a plain line" if url == RESPONSES_URL else ""
+    what = f"unsupported endpoint {show_value(url)}" if "url" in obj else "missing"
+    raise LineError("url", f"{what}; kvcli generate accepts "
+                    + " and ".join(GENERATE_URLS) + hint, code="invalid_url")
 
 
 def _style(req: InputRequest) -> Style:

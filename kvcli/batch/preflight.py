@@ -17,6 +17,7 @@ from kvcli.batch.config import GenerateConfig
 from kvcli.batch.lock import OutputLock, OutputLocked, lock_output
 from kvcli.batch.resume import ResumeState, scan_output
 from kvcli.batch.source import InputFiles, RawLine, open_input
+from kvcli.compression import CompressionError, check_writable_kind, strip_suffix, suffix_kind
 
 
 class BatchUsageError(Exception):
@@ -46,11 +47,27 @@ def check_paths(cfg: GenerateConfig) -> None:
     if cfg.to_stdout:
         return
     out = str(cfg.output)
+    _check_compressed_output(out, cfg.resume)
     if os.path.isdir(out):
         raise BatchUsageError(f"-o {out}: is a directory")
     for path in (cfg.input, *cfg.more_inputs):
         if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
             raise BatchUsageError("-o names an input file; write the results elsewhere")
+
+
+def _check_compressed_output(out: str, resume: bool) -> None:
+    kind = suffix_kind(out)
+    if kind is None:
+        return
+    if resume:
+        raise BatchUsageError(
+            f"--resume cannot continue a compressed output (-o {out}): a {kind} stream cut by "
+            "a kill cannot be cut back to its last whole result, nor appended to; write plain "
+            f"-o {strip_suffix(out)} (resumable) and compress it when the run is done")
+    try:
+        check_writable_kind(kind)
+    except CompressionError as err:
+        raise BatchUsageError(str(err)) from None
 
 
 def _is_regular(path: str) -> bool:
@@ -91,7 +108,7 @@ def first_line(lines: Iterator[RawLine], path: str) -> RawLine | None:
     """The input's first request line; None when it has none (an empty input is no error)."""
     try:
         return next(lines, None)
-    except OSError as err:
+    except OSError as err:  # a compressed input's damage too (kvcli/compression.py)
         raise BatchUsageError(f"cannot read {path}: {err.strerror or err}") from None
 
 

@@ -8,8 +8,7 @@ is ``status: "incomplete"`` with ``incomplete_details.reason: "max_output_tokens
 
 from __future__ import annotations
 
-import time
-import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kvcli.batch.records import LineRequest
@@ -23,22 +22,25 @@ ECHOED = {"instructions": None, "metadata": None, "tools": [], "tool_choice": "a
 
 
 def response_body(req: LineRequest, c: CompletionOutput, reply: Reply,
-                  calls: list[dict[str, Any]], model: str, usage: dict[str, Any]) -> dict[str, Any]:
+                  calls: list[dict[str, Any]], model: str, usage: dict[str, Any],
+                  new_id: Callable[[str, int], str], created: int) -> dict[str, Any]:
+    """``new_id(prefix, n)``: the n-th item id with that prefix (the formatter's, random or
+    --deterministic-ids); ``created``: its ``created_at``."""
     cut = c.finish_reason == "length"
     status = "incomplete" if cut else "completed"
     output = []
     if reply.reasoning is not None:
-        output.append({"id": _id("rs_"), "type": "reasoning", "summary": [], "status": status,
+        output.append({"id": new_id("rs_", 0), "type": "reasoning", "summary": [], "status": status,
                        "content": [{"type": "reasoning_text", "text": reply.reasoning}]})
     if reply.content:
-        output.append({"id": _id("msg_"), "type": "message", "role": "assistant", "status": status,
+        output.append({"id": new_id("msg_", 0), "type": "message", "role": "assistant", "status": status,
                        "content": [{"type": "output_text", "text": reply.content,
                                     "annotations": [], "logprobs": []}]})
-    output += [{"id": _id("fc_"), "type": "function_call", "call_id": call["id"],
+    output += [{"id": new_id("fc_", i), "type": "function_call", "call_id": call["id"],
                 "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                "status": "completed"} for call in calls]
+                "status": "completed"} for i, call in enumerate(calls)]
     return {
-        "id": _id("resp_"), "object": "response", "created_at": int(time.time()),
+        "id": new_id("resp_", 0), "object": "response", "created_at": created,
         "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "model": model, "output": output,
@@ -55,7 +57,3 @@ def response_usage(prompt_tokens: int, cached: int, written: int, output_tokens:
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + output_tokens}
-
-
-def _id(prefix: str) -> str:
-    return prefix + uuid.uuid4().hex

@@ -8,6 +8,7 @@ that selected nothing) loads no model, leaves -o FILE empty and exits 0, as vLLM
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import itertools
 import os
@@ -36,10 +37,13 @@ from kvcli.batch.preflight import (
     resume_state,
 )
 from kvcli.batch.report import Reporter
+from kvcli.batch.resources import ResourceError, check_engine_options
 from kvcli.batch.resume import ResumeState
 from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
-from kvcli.batch.writer import FdSink, LineSink, ResultWriter, open_sink
+from kvcli.batch.writer import CompressedSink, FdSink, LineSink, ResultWriter, open_sink
+from kvcli.compression import suffix_kind
+from kvcli.numbers import plural
 from kvcli.reasoning import resolve as resolve_reasoning
 from kvcli.structured.tools import tool_call_format
 
@@ -47,15 +51,21 @@ EngineFactory = Callable[[GenerateConfig], Any]
 
 
 def load_engine(cfg: GenerateConfig) -> Any:
-    """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2)."""
+    """The real engine; a checkpoint, device or pool it cannot use raises ValueError (exit 2),
+    a --device or --kv-cache-memory this machine cannot meet ResourceError naming the flag."""
     from safetensors import SafetensorError
 
     EngineConfig, LLMEngine = _engine_classes()
+    check_engine_options(cfg.engine)
     try:
         return LLMEngine.from_config(EngineConfig(**cfg.engine))
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, MemoryError,
             AssertionError) as err:  # torch/safetensors' ways to say "cannot use this"
         raise ValueError(describe_load_failure(err)) from None
+    except OSError as err:
+        if err.errno == errno.ENOMEM:  # an mmap or allocation the kernel refused
+            raise ValueError(describe_load_failure(MemoryError())) from None
+        raise
 
 
 def _engine_classes() -> tuple[Any, Any]:
@@ -85,7 +95,8 @@ def describe_load_failure(err: BaseException) -> str:
                 + "; kvcli loads pickle weights with torch.load(weights_only=True), which "
                 "refuses to run code from the file")
     if isinstance(err, MemoryError):
-        return "out of memory (lower --num-blocks / --kv-cache-memory)"
+        return ("out of memory loading the weights and the KV cache (lower --kv-cache-memory "
+                "or --num-blocks)")
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
@@ -119,6 +130,8 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
         resume = resume_state(cfg)
         try:
             engine = engine_factory(cfg)
+        except ResourceError as err:  # the model is fine: the flag is the cause
+            raise BatchUsageError(str(err)) from None
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
@@ -150,6 +163,9 @@ def _sink(cfg: GenerateConfig, lock: OutputLock | None) -> LineSink:
             os.ftruncate(lock.fd, 0)
     except OSError as err:
         raise BatchUsageError(f"cannot write {cfg.output}: {err.strerror or err}") from None
+    kind = suffix_kind(str(cfg.output))
+    if kind is not None:  # a partial compressed chunk cannot be cut back to a whole line
+        return CompressedSink(FdSink(lock.fd, str(cfg.output), owns_fd=False), kind)
     return FdSink(lock.fd, str(cfg.output), owns_fd=False, exclusive=regular)
 
 
@@ -162,7 +178,8 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
     opts = job_options(cfg, engine, where)
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
-                                cfg.token_ids, cache_block=cache_block(cfg, engine))
+                                cfg.token_ids, deterministic_ids=cfg.deterministic_ids,
+                                cache_block=cache_block(cfg, engine))
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
     if cfg.input_order == "prefix":
@@ -229,8 +246,8 @@ def _finish(cfg: GenerateConfig, engine: Any, outcome: JobOutcome) -> int:
         why = "unfinished, or waiting for an earlier one" if cfg.ordered else "unfinished"
         if outcome.status.startswith("write error"):
             why += ", or the one being written when the write failed"
-        print(f"kvcli generate: stopped ({outcome.status}): {outcome.aborted} requests not "
-              f"written ({why}){how}", file=sys.stderr)
+        print(f"kvcli generate: stopped ({outcome.status}): {plural(outcome.aborted, 'request')} "
+              f"not written ({why}){how}", file=sys.stderr)
     if not cfg.quiet:
         print(format_summary(summary, cfg.output_name), file=sys.stderr)
     return outcome.exit_code if _write_stats(cfg, summary) else max(outcome.exit_code, 1)

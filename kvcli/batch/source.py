@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kvcli.compression import open_decompressed, open_read
+
 DEFAULT_MAX_LINE_BYTES = 16 << 20  # far above any prompt a context window can hold
 _SKIP_CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -28,10 +30,11 @@ class RawLine:
 
 
 def open_input(path: str) -> BinaryIO:
-    """``-`` is stdin; anything else is opened for binary reading (raises OSError)."""
+    """``-`` is stdin; anything else is opened for binary reading (raises OSError). Either is
+    decompressed when its first bytes are gzip, bzip2, xz or zstd (kvcli/compression.py)."""
     if path == "-":
-        return sys.stdin.buffer
-    return open(path, "rb")  # the caller owns and closes it
+        return open_decompressed(sys.stdin.buffer)  # closing it leaves stdin open
+    return open_read(path)  # the caller owns and closes it
 
 
 def iter_lines(stream: BinaryIO, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[RawLine]:
@@ -71,7 +74,7 @@ def count_lines(path: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> int 
     try:
         if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
             return None
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             return sum(1 for _ in iter_lines(f, max_line_bytes))
     except OSError:
         return None
@@ -93,7 +96,7 @@ class InputFiles:
         for path in self.paths:
             self._starts.append(offset)
             last = 0
-            with open(path, "rb") as stream:
+            with open_read(path) as stream:
                 for raw in iter_lines(stream, self.max_line_bytes):
                     last = raw.line_no
                     yield RawLine(offset + raw.line_no, raw.data, raw.size)

@@ -1,10 +1,22 @@
 """What a run did: per-request counters kept by the job, merged with the engine's own metrics.
 
-The job counts what it wrote (requests ok / failed / skipped, prompt, cached and
-generated tokens of this run's results), each result once its line is on disk: a
-result held back by ``--ordered`` or lost to a full disk is not counted, so the
-counts always match the file. ``engine.stats()`` adds what only the engine knows
-(prefill tokens computed vs skipped, peak KV use, preemptions).
+Every counter of the summary is defined here, once, and the ones that describe the same tokens
+add up (tests/test_reliability_messages.py checks it for n > 1, interrupts, preemption and
+resume):
+
+- ``ok`` / ``failed``: result lines this run wrote; ``skipped``: lines already in the output
+  (--resume). A result held back by ``--ordered`` or lost to a full disk is not counted, so
+  the counts always match the file.
+- ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``: the sums of the written lines'
+  ``usage`` (one prompt per line, however many samples; cached = the first sample's
+  prefix-cache hit); ``hit_rate`` = cached / prompt.
+- ``sequences``: the written lines' samples (``n`` each); ``sequence_prompt_tokens``: their
+  prompts, one per sample.
+- ``prefill_tokens_computed`` + ``prefill_tokens_skipped`` (cache hits): all the prefill work
+  the engine did in this run (every sample, every admission). It is, exactly,
+  ``sequence_prompt_tokens`` + ``prefill_tokens_recomputed`` (tokens prefilled again after a
+  preemption, prompt and generated so far) + ``prefill_tokens_unwritten`` (work for requests
+  whose result was not written: interrupted, or lost with a write).
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvcli.engine.outputs import RequestOutput
+from kvcli.numbers import percent, plural
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,11 +37,15 @@ class Tally:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    sequences: int = 0
+    prefill_computed: int = 0
+    prefill_skipped: int = 0
 
     @classmethod
     def of(cls, out: RequestOutput) -> Tally:
         return cls(True, len(out.prompt_token_ids), out.num_cached_tokens,
-                   sum(len(c.token_ids) for c in out.outputs))
+                   sum(len(c.token_ids) for c in out.outputs), len(out.outputs),
+                   out.prefill_computed, out.prefill_skipped)
 
 
 FAILED = Tally(ok=False)
@@ -43,6 +60,9 @@ class RunCounters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    sequences: int = 0
+    sequence_prompt_tokens: int = 0
+    written_prefill: int = 0  # computed + skipped of the written results' sequences
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, tally: Tally) -> None:
@@ -53,6 +73,9 @@ class RunCounters:
         self.prompt_tokens += tally.prompt_tokens
         self.cached_tokens += tally.cached_tokens
         self.generated_tokens += tally.generated_tokens
+        self.sequences += tally.sequences
+        self.sequence_prompt_tokens += tally.sequences * tally.prompt_tokens
+        self.written_prefill += tally.prefill_computed + tally.prefill_skipped
 
     @property
     def done(self) -> int:
@@ -81,7 +104,8 @@ def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
                   status: str, exit_code: int) -> dict[str, Any]:
     wall = counters.elapsed
     stats = engine_stats or {}
-    summary: dict[str, Any] = {k: v for k, v in asdict(counters).items() if k != "started"}
+    summary: dict[str, Any] = {k: v for k, v in asdict(counters).items()
+                               if k not in ("started", "written_prefill")}
     summary.update(
         status=status,
         exit_code=exit_code,
@@ -93,27 +117,49 @@ def build_summary(counters: RunCounters, engine_stats: dict[str, Any] | None,
     computed = stats.get("prefill_tokens_computed")
     if computed is not None and wall > 0:
         summary["processed_tok_s"] = round((computed + counters.generated_tokens) / wall, 2)
+    if computed is not None:
+        summary.update(_prefill_split(counters, computed + stats.get("prefill_tokens_skipped", 0)))
     return summary
 
 
+def _prefill_split(counters: RunCounters, prefill: int) -> dict[str, int]:
+    """The engine's prefill work, split as the module docstring defines (clamped at 0 for an
+    engine that does not attribute its work to results)."""
+    written = max(counters.written_prefill, counters.sequence_prompt_tokens)
+    return {"prefill_tokens_recomputed": written - counters.sequence_prompt_tokens,
+            "prefill_tokens_unwritten": max(0, prefill - written)}
+
+
+def _prefill_line(s: dict[str, Any]) -> str:
+    extra = [f"{s['sequence_prompt_tokens']:,} of the written results' "
+             + plural(s["sequences"], "sequence")]
+    if s.get("prefill_tokens_recomputed"):
+        extra.append(f"{s['prefill_tokens_recomputed']:,} recomputed after preemption")
+    if s.get("prefill_tokens_unwritten"):
+        extra.append(f"{s['prefill_tokens_unwritten']:,} for requests not written")
+    total = s["prefill_tokens_computed"] + s.get("prefill_tokens_skipped", 0)
+    return (f"  prefill       {s['prefill_tokens_computed']:,} tokens computed + "
+            f"{s.get('prefill_tokens_skipped', 0):,} skipped (cache hits) = {total:,}: "
+            + " + ".join(extra))
+
+
 def format_summary(s: dict[str, Any], output_name: str) -> str:
-    lines = [f"kvcli generate: {s['ok']} ok, {s['failed']} failed"
+    lines = [f"kvcli generate: {s['ok']:,} ok, {s['failed']:,} failed"
              + (f", {s['skipped']} already in {output_name}" if s["skipped"] else "")
              + f" in {s['wall_s']:.1f} s ({s['status']})"]
     lines.append(f"  prompt tokens {s['prompt_tokens']:,}, cached {s['cached_tokens']:,} "
-                 f"({100 * s['hit_rate']:.1f}% prefix-cache hit rate)")
-    if "prefill_tokens_computed" in s:
-        lines.append(f"  prefill       {s['prefill_tokens_computed']:,} tokens computed, "
-                     f"{s.get('prefill_tokens_skipped', 0):,} skipped (cache hits)")
+                 f"({percent(s['cached_tokens'], s['prompt_tokens'])} prefix-cache hit rate)")
+    if "prefill_tokens_computed" in s and "sequences" in s:
+        lines.append(_prefill_line(s))
     rate = f", {s['processed_tok_s']:,.1f} tok/s prompt+generated" if "processed_tok_s" in s else ""
-    lines.append(f"  generated     {s['generated_tokens']:,} tokens, "
+    lines.append(f"  generated     {plural(s['generated_tokens'], 'token')}, "
                  f"{s['generated_tok_s']:,.1f} tok/s{rate}")
     if "num_blocks" in s:
         peak = s.get("peak_blocks_in_use", 0)
         lines.append(f"  KV cache      peak {peak:,} of {s['num_blocks']:,} blocks "
-                     f"({100 * peak / max(1, s['num_blocks']):.1f}%), "
-                     f"{100 * s.get('peak_kv_utilization', 0):.1f}% of their slots filled, "
-                     f"{s.get('preemptions', 0)} preemptions")
+                     f"({percent(peak, max(1, s['num_blocks']))}), "
+                     f"{percent(s.get('peak_kv_utilization', 0))} of their slots filled, "
+                     f"{plural(s.get('preemptions', 0), 'preemption')}")
     if "workers" in s:
         lines.extend(_worker_lines(s))
     if "disk_cache" in s:
@@ -126,7 +172,7 @@ def format_summary(s: dict[str, Any], output_name: str) -> str:
 def _structured_line(d: dict[str, Any]) -> str:
     return (f"  structured    {d['requests']:,} constrained, {d['completed']:,} completed by their "
             f"grammar ({d['invalid']} invalid), {d['cut']:,} cut by max_tokens or stop; "
-            f"{d['grammars_compiled']} grammars compiled in {d['compile_s']:.2f} s, "
+            f"{plural(d['grammars_compiled'], 'grammar')} compiled in {d['compile_s']:.2f} s, "
             f"masks {d['mask_s']:.2f} s")
 
 
@@ -142,14 +188,14 @@ def _disk_line(d: dict[str, Any]) -> str:
 
 def _worker_lines(s: dict[str, Any]) -> list[str]:
     single = s.get("single_engine_hit_rate")
-    versus = f", one engine would have had {100 * single:.1f}% (predicted)" if single is not None \
+    versus = f", one engine would have had {percent(single)} (predicted)" if single is not None \
         else ""
-    lines = [f"  workers       {len(s['workers'])}, {100 * s['hit_rate']:.1f}% hit rate together"
+    lines = [f"  workers       {len(s['workers'])}, {percent(s['cached_tokens'], s['prompt_tokens'])} hit rate together"
              + versus]
     for w in s["workers"]:
         n = w["restarts"]
         restarts = f", restarted {n} time{'s' if n > 1 else ''}" if n else ""
         lines.append(f"    worker {w['worker']:<5} {w['requests']:,} requests, "
-                     f"{100 * w['hit_rate']:.1f}% hit rate, {w['generated_tok_s']:,.1f} generated "
+                     f"{percent(w['hit_rate'])} hit rate, {w['generated_tok_s']:,.1f} generated "
                      f"tok/s, {w['busy_s']:.1f} s busy on {w['node']}{restarts}")
     return lines

@@ -75,6 +75,39 @@ class StreamSink:
         self.stream.flush()
 
 
+@dataclass(slots=True)
+class CompressedSink:
+    """``-o x.jsonl.gz`` (``.bz2``, ``.xz``, ``.zst``): lines go through one compressor into
+    ``inner`` (kvcli/compression.py: gzip and zstd flush each line); the stream is finished on
+    close, which every stop but ``kill -9`` reaches (Ctrl-C and SIGTERM end the job
+    gracefully). A compressed stream cannot be cut back to its last whole line, so such an
+    output cannot be resumed (kvcli/batch/preflight.py)."""
+
+    inner: LineSink
+    kind: str
+    name: str = ""
+    _compressor: Any = None
+
+    def __post_init__(self) -> None:
+        from kvcli.compression import LineCompressor
+
+        self.name = self.name or self.inner.name
+        self._compressor = LineCompressor(self.kind)
+
+    def write(self, data: bytes) -> None:
+        out = self._compressor.add(data)
+        if out:
+            self.inner.write(out)
+
+    def close(self) -> None:
+        if self._compressor is not None:
+            tail, self._compressor = self._compressor.finish(), None
+            try:
+                self.inner.write(tail)
+            finally:
+                self.inner.close()
+
+
 def open_sink(path: str | None, append: bool = False) -> LineSink:
     """``None`` / ``-`` is stdout; a path is created, or truncated unless ``append``."""
     if path in (None, "-"):

@@ -77,6 +77,10 @@ _JOB_OPTIONS = [
                       "writes in input order."),
     click.option("--token-ids", is_flag=True,
                  help="Add token_ids (completion) and prompt_token_ids to each result."),
+    click.option("--deterministic-ids", is_flag=True,
+                 help="OpenAI Batch lines get ids derived from custom_id + prompt instead of "
+                      "random ones, and created = $SOURCE_DATE_EPOCH (else 0): the same input "
+                      "and seeds give byte-identical files."),
     click.option("--strict", is_flag=True,
                  help="A line's unknown field, or a \"model\" other than the loaded one "
                       "(--served-model-name), is that line's error (vLLM refuses both)."),
@@ -226,6 +230,7 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
         input=input_paths[0], more_inputs=input_paths[1:], output=opts["output"],
         resume=opts["resume"],
         overwrite=opts["overwrite"], ordered=opts["ordered"], token_ids=opts["token_ids"],
+        deterministic_ids=opts["deterministic_ids"],
         input_order=opts["input_order"],
         strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],

@@ -6,7 +6,11 @@ into that line's error naming the field.
 
 from __future__ import annotations
 
+from kvcli.numbers import plural
 from kvcli.sampling_params import SamplingParams, out_of_vocab
+
+#: The words of the refusal of a max_tokens past the context (kvcli generate adds its flag).
+CONTEXT_OVERFLOW = "exceed the model's context"
 
 
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int,
@@ -15,11 +19,11 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
     if not ids:
         raise ValueError("prompt: empty prompt")
     if len(ids) >= max_model_len:
-        raise ValueError(f"prompt: {len(ids)} tokens, the model's context is "
+        raise ValueError(f"prompt: {plural(len(ids), 'token')}, the model's context is "
                          f"{max_model_len} (prompt plus at least one new token)")
     if len(ids) + params.max_tokens > max_model_len:  # as vLLM and the OpenAI API refuse it
         raise ValueError(f"max_tokens: {params.max_tokens} new tokens after the {len(ids)}-token "
-                         f"prompt exceed the model's context of {max_model_len} tokens; "
+                         f"prompt {CONTEXT_OVERFLOW} of {max_model_len} tokens; "
                          f"at most {max_model_len - len(ids)} fit")
     bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
     if bad is not None:

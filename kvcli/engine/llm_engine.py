@@ -23,7 +23,7 @@ from kvcli.engine.outputs import CompletionOutput, RequestOutput
 from kvcli.engine.request import Request, RequestStatus
 from kvcli.engine.sampler import Sampler
 from kvcli.engine.scheduler import Scheduler, SchedulerConfig
-from kvcli.engine.stop import check_stop, final_text
+from kvcli.engine.stop import check_stop, final_text, reported_stop_reason
 from kvcli.sampling_params import SamplingParams
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
@@ -180,6 +180,7 @@ class LLMEngine:
         if self.disk is not None:  # copy the blocks this step filled out before any reuse
             self.disk.save(self.kv_manager.drain_new_full_blocks())
         self.scheduler.update_after_step(out)
+        self.metrics.on_computed(out)
         now = time.monotonic()
         finished = [done for i, req in enumerate(samplers)
                     if (done := self._advance(req, result, i, now)) is not None]
@@ -260,7 +261,7 @@ class LLMEngine:
             outs.append(CompletionOutput(
                 i, final_text(r, self.tokenizer.decode), list(r.output_token_ids),
                 r.status.value, r.logprobs if r.sampling_params.logprobs is not None else None,
-                r.stop_reason))
+                reported_stop_reason(r)))
             if self.structured is not None:
                 self.structured.on_finished(r, outs[-1].text)
             self._forget(r)
@@ -270,6 +271,8 @@ class LLMEngine:
                                max(first.num_cached_tokens, 0),
                                sum(r.num_preemptions for r in group), ttft)
         result.error = next((r.error for r in group if r.error), None)
+        result.prefill_computed = sum(r.prefill_computed for r in group)
+        result.prefill_skipped = sum(r.prefill_skipped for r in group)
         if first.sampling_params.prompt_logprobs is not None:
             result.prompt_logprobs = [None, *first.prompt_logprobs]
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
@@ -286,6 +289,8 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         stats = self.metrics.to_dict(self.kv_manager, self.scheduler.num_preemptions)
+        # Counted where each sequence's own prefill_skipped is, so the two always agree.
+        stats["prefill_tokens_skipped"] = self.scheduler.prefill_tokens_skipped
         if self.disk is not None:  # queued writes are waited for only once the run is done
             stats["disk_cache"] = self.disk.report(self.kv_manager.stats.disk_hits,
                                                    flush=not self.has_unfinished())

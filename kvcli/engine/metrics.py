@@ -39,12 +39,17 @@ class EngineMetrics:
     def on_step(self, out: SchedulerOutput, num_sampled: int, seconds: float) -> None:
         self.steps += 1
         self.forward_s += seconds
+
+    def on_computed(self, out: SchedulerOutput) -> None:
+        """Prefill vs decode tokens of a step, before any of its requests finishes (a result
+        carries its sequences' prefill_computed, so the last chunk must be in it)."""
         for req, n in zip(out.requests, out.num_new_tokens, strict=True):
             # Called after the cursors advanced: a decode row is one token past the prompt.
             if n == 1 and req.num_computed_tokens - 1 >= req.num_prompt_tokens:
                 self.decode_tokens += 1
             else:
                 self.prefill_tokens_computed += n
+                req.prefill_computed += n
 
     def on_finished(self, result: RequestOutput) -> None:
         self.requests_finished += 1
@@ -66,7 +71,6 @@ class EngineMetrics:
             "prefix_cache_queries": s.queries,
             "prefix_cache_hits": s.hits,
             "prefill_tokens_computed": self.prefill_tokens_computed,
-            "prefill_tokens_skipped": s.hits + s.preempted_hits,
             "generated_tokens": self.generated_tokens,
             "decode_tokens": self.decode_tokens,
             "preemptions": preemptions,

@@ -23,6 +23,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     time_to_first_token: float | None = None
+    # Prefill work of all its samples, every admission (Request.prefill_computed/_skipped)
+    prefill_computed: int = 0
+    prefill_skipped: int = 0
     error: str | None = None
     # Of num_cached_tokens, those loaded from the disk cache; None when it is off.
     num_disk_cached_tokens: int | None = None

@@ -47,6 +47,10 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 = not yet admitted
     num_preemptions: int = 0
+    # Prefill work of this sequence over all its admissions (kvcli/batch/summary.py defines how
+    # they add up): tokens computed as prefill, and tokens taken from the prefix cache.
+    prefill_computed: int = 0
+    prefill_skipped: int = 0
     status: RequestStatus = RequestStatus.WAITING
     error: str | None = None
     stop_reason: int | str | None = None

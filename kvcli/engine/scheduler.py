@@ -99,6 +99,7 @@ class Scheduler:
         )
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prefill_tokens_skipped = 0  # prefix-cache hits taken at admissions (all of them)
 
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -158,6 +159,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.num_computed_tokens = num_hit
+            req.prefill_skipped += num_hit
+            self.prefill_tokens_skipped += num_hit
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_hit
             req.status = RequestStatus.RUNNING

@@ -37,6 +37,15 @@ def check_stop(
     return None
 
 
+def reported_stop_reason(req: Request) -> int | str | None:
+    """``stop_reason`` as vLLM reports it: the stop string or stop token id that ended the
+    output, None for any other end, an end-of-sequence token included (vLLM's
+    ``check_stop`` sets it only for ``stop_token_ids``; the EOS id stays internal, where the
+    structured-output check reads it)."""
+    eos = isinstance(req.stop_reason, int) and req.stop_reason in req.eos_token_ids
+    return None if eos and not req.sampling_params.ignore_eos else req.stop_reason
+
+
 def final_text(req: Request, decode: Callable[[list[int]], str]) -> str:
     """Detokenized output, cut before a stop string (which is not included)."""
     text = decode(req.output_token_ids)
