@@ -12,7 +12,7 @@ from test_structured_cli import generate
 from test_structured_tool_cli import CALL
 
 from kvcli.batch.output import ResultFormatter
-from kvcli.batch.parse import ParseOptions
+from kvcli.batch.parse import GENERATE_URLS, ParseOptions
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
 from kvcli.inputs.openai import URLS
 
@@ -42,8 +42,9 @@ def test_a_responses_line_is_read_like_a_responses_body():
 def test_the_embeddings_refusal_lists_what_is_accepted():
     failed = fails({"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
                     "body": {"input": "x"}}, "url", code="invalid_url")
-    assert failed.error.message.endswith("supported: " + ", ".join(URLS))
-    assert "/v1/responses" in URLS  # listed, and (below) answered
+    assert failed.error.message.endswith("kvcli generate accepts /v1/chat/completions, "
+                                         "/v1/completions and /v1/responses")
+    assert set(URLS) == set(GENERATE_URLS)  # what the request model reads, generate answers
 
 
 def test_tool_calls_become_function_call_items():

@@ -90,9 +90,8 @@ def _ident(obj: dict[str, Any], line_no: int) -> LineId:
     return LineId(line_no, key, name) if key is not None else LineId.from_line_no(line_no)
 
 
-#: The Batch API endpoints generate answers (the shared request model also reads
-#: /v1/responses lines, for the audit; generate writes no Responses objects).
-GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL)
+#: The Batch API endpoints generate answers (all the shared request model reads).
+GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
 
 
 def _check_generate_url(obj: dict[str, Any]) -> None:
@@ -101,10 +100,9 @@ def _check_generate_url(obj: dict[str, Any]) -> None:
     batch_line = any(name in obj for name in ("url", "body", "method"))
     if not batch_line or (isinstance(url, str) and url in GENERATE_URLS):
         return
-    hint = "; give a Responses body as a plain line" if url == RESPONSES_URL else ""
     what = f"unsupported endpoint {show_value(url)}" if "url" in obj else "missing"
-    raise LineError("url", f"{what}; kvcli generate accepts "
-                    + " and ".join(GENERATE_URLS) + hint, code="invalid_url")
+    raise LineError("url", f"{what}; kvcli generate accepts " + ", ".join(GENERATE_URLS[:-1])
+                    + " and " + GENERATE_URLS[-1], code="invalid_url")
 
 
 def _style(req: InputRequest) -> Style:
