@@ -45,6 +45,14 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # A grammar the output must follow (vLLM's name); a line's JSON object is checked into one.
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's: token id (a JSON object's key is a string) -> a bias in [-100, 100] added to
+    # that token's logit; validate() turns the keys into ints.
+    logit_bias: dict[int, float] | None = None
+    # vLLM's: only these token ids may be sampled (e.g. a classifier's label tokens).
+    allowed_token_ids: list[int] | None = None
+    # Set by generate, never by a line: a reply that starts inside a reasoning block gets its
+    # grammar only after these tokens (``</think>``), as vLLM's reasoning + structured outputs.
+    structured_after: list[int] | None = field(default=None, metadata={"internal": True})
 
     def validate(self) -> None:
         """Raise ``ValueError("field: reason")`` for the first invalid field."""
@@ -73,9 +81,12 @@ class SamplingParams:
                                                      "an integer in [0, 20]"),
             self.prompt_logprobs is not None and _int_error(
                 "prompt_logprobs", self.prompt_logprobs, 0, 20, "an integer in [0, 20]"),
+            _allowed_error(self.allowed_token_ids),
         ):
             if problem:
                 raise ValueError(problem)
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
         if self.structured_outputs is not None:
             self._check_structured_outputs()
 
@@ -84,10 +95,18 @@ class SamplingParams:
         if self.ignore_eos:  # the grammar's end is the end-of-sequence token
             raise ValueError("ignore_eos: cannot be combined with structured_outputs (a "
                              "constrained output ends with its end-of-sequence token)")
+        if self.allowed_token_ids is not None:  # the two could leave no token to sample
+            raise ValueError("allowed_token_ids: cannot be combined with structured_outputs "
+                             "(the grammar already decides which tokens may follow)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def biased(self) -> bool:
+        """Whether ``logit_bias`` or ``allowed_token_ids`` change this request's logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
 
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # integer fields are 64-bit, as in vLLM
@@ -132,4 +151,43 @@ def _stop_token_ids_error(ids: object) -> str | None:
         problem = _int_error(f"stop_token_ids[{i}]", tok, 0, INT64_MAX, "a token id (an integer >= 0)")
         if problem:
             return problem
+    return None
+
+
+def _token_id_error(name: str, tok: object) -> str | None:
+    return _int_error(name, tok, 0, INT64_MAX, "a token id (an integer >= 0)")
+
+
+def _allowed_error(ids: object) -> str | None:
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not ids:  # an empty list would leave nothing to sample
+        return f"allowed_token_ids: expected a non-empty list of token ids, got {ids!r}"
+    return next(filter(None, (_token_id_error(f"allowed_token_ids[{i}]", t)
+                              for i, t in enumerate(ids))), None)
+
+
+def _logit_bias(bias: object) -> dict[int, float]:
+    """OpenAI's ``{"token id": bias}`` -> ``{id: bias}``; ``ValueError`` naming the bad entry."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias: expected an object of token id -> bias, got {bias!r}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        tok = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        problem = _token_id_error(f"logit_bias[{key!r}]", tok) or _check(
+            f"logit_bias[{key!r}]", _is_num(value) and -100 <= value <= 100,  # type: ignore[operator]
+            "a bias in [-100, 100]", value)
+        if problem:
+            raise ValueError(problem)
+        out[tok] = float(value)  # type: ignore[index]
+    return out
+
+
+def out_of_vocab(params: SamplingParams, vocab_size: int) -> str | None:
+    """The first ``logit_bias`` / ``allowed_token_ids`` id the model's vocabulary lacks."""
+    for name, ids in (("logit_bias", params.logit_bias or ()),
+                      ("allowed_token_ids", params.allowed_token_ids or ())):
+        bad = next((t for t in ids if t >= vocab_size), None)
+        if bad is not None:
+            return f"{name}: token id {bad} outside the vocabulary [0, {vocab_size})"
     return None

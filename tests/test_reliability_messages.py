@@ -81,17 +81,18 @@ def test_cacheability_says_what_it_bounds(tmp_path: Path) -> None:
 
 def test_refused_endpoint_lists_exactly_what_generate_accepts(tiny_models, tmp_path) -> None:
     lines = [{"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
-             {"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"input": "x"}}]
+             {"custom_id": "r", "method": "POST", "url": "/v1/responses",
+              "body": {"input": "x", "max_output_tokens": 2}}]
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     res = CliRunner().invoke(main, ["generate", str(inp), "--model", str(tiny_models["llama"]),
                                     "-q"], catch_exceptions=False)
     assert res.exit_code == 1
-    errors = [json.loads(x)["error"]["message"] for x in res.stdout.splitlines()]
-    accepted = "kvcli generate accepts /v1/chat/completions and /v1/completions"
-    assert all(accepted in m and "supported: " not in m for m in errors), errors
-    assert errors[0].startswith("url: unsupported endpoint '/v1/embeddings'")
-    assert "give a Responses body as a plain line" in errors[1]
+    out = {r["custom_id"]: r for r in map(json.loads, res.stdout.splitlines())}
+    message = out["e"]["error"]["message"]
+    assert message == ("url: unsupported endpoint '/v1/embeddings'; kvcli generate accepts "
+                       "/v1/chat/completions, /v1/completions and /v1/responses")
+    assert out["r"]["response"]["body"]["object"] == "response"  # listed, and answered
 
 
 # ---- 17: the summary's counters add up ------------------------------------------------------

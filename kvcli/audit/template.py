@@ -65,8 +65,9 @@ def render_with_template(index: int, request: PromptRequest, tokenizer: AuditTok
     # An Anthropic top-level system becomes the first message; content as generate cleans it.
     try:
         messages = request.template_messages(render_part)
-        text = tokenizer.render_chat(messages, request.tools)
-        ignored = bool(request.tools) and text == tokenizer.render_chat(messages, None)
+        kwargs = request.prompt.template_kwargs if request.prompt else None
+        text = tokenizer.render_chat(messages, request.tools, kwargs)
+        ignored = bool(request.tools) and text == tokenizer.render_chat(messages, None, kwargs)
     except LineError:
         raise
     except Exception as err:  # jinja raises many types, including raise_exception() from templates

@@ -39,7 +39,8 @@ class AuditTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None: ...
+    def render_chat(self, messages: list[Any], tools: list[Any] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str | None: ...
 
 
 @contextmanager
@@ -136,7 +137,8 @@ class TiktokenTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode_bytes(ids).decode("utf-8", "replace")
 
-    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
+    def render_chat(self, messages: list[Any], tools: list[Any] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str | None:
         return None  # the audit's own deterministic rendering
 
 
@@ -183,8 +185,11 @@ class ModelTokenizer:
     def _added_bos(self, ids: Sequence[int]) -> bool:
         return len(ids) > 0 and self._tok.bos_token_id is not None and ids[0] == self._tok.bos_token_id
 
-    def render_chat(self, messages: list[Any], tools: list[Any] | None) -> str | None:
-        return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    def render_chat(self, messages: list[Any], tools: list[Any] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str | None:
+        """As generate renders it, the line's chat_template_kwargs included."""
+        return self._tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                             **(template_kwargs or {}))
 
 
 def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None,

@@ -33,6 +33,7 @@ class GenerateConfig:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
     served_model_names: tuple[str, ...] = ()  # what a line's "model" may say; () = --model
     debug: bool = False  # full tracebacks of a line's unexpected exception
+    reasoning_parser: str = "auto"  # kvcli.reasoning: auto | none | a parser's name
 
     @property
     def model_names(self) -> tuple[str, ...]:

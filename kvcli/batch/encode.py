@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcli.batch.records import LineError, PromptSpec, clip
+from kvcli.batch.records import LineError, LineRequest, PromptSpec, clip
+from kvcli.reasoning import END, ReasoningParser
 
 
 @dataclass(slots=True)
@@ -23,16 +24,32 @@ class PromptEncoder:
     max_model_len: int
     vocab_size: int
     tools_ignored: list[int] = field(default_factory=list)  # lines whose tools the template dropped
+    reasoning: ReasoningParser | None = None  # --reasoning-parser: chat replies are split
 
     def encode(self, spec: PromptSpec, line_no: int = 0) -> list[int]:
+        text = self._render_chat(spec, line_no) if spec.messages is not None else None
+        return self._ids(spec, text)
+
+    def encode_line(self, req: LineRequest, line_no: int = 0) -> list[int]:
+        """:meth:`encode`, and whether the reply will start inside a reasoning block."""
+        spec = req.prompt
+        if self.reasoning is None or spec.messages is None:
+            return self.encode(spec, line_no)
+        text = self._render_chat(spec, line_no)
+        req.reasoning = self.reasoning
+        req.reasoning_inside = self.reasoning.opens(text)
+        _check_constraint(req, text, self.tokenizer)
+        return self._ids(spec, text)
+
+    def _ids(self, spec: PromptSpec, text: str | None) -> list[int]:
         if spec.token_ids is not None:
             ids = spec.token_ids
             bad = next((i for i, t in enumerate(ids) if t >= self.vocab_size), None)
             if bad is not None:
                 raise LineError(f"{spec.source}[{bad}]", f"token id {ids[bad]} is outside the "
                                 f"model's vocabulary [0, {self.vocab_size})")
-        elif spec.messages is not None:
-            ids = self.tokenizer.encode(self._render_chat(spec, line_no), add_special_tokens=False)
+        elif text is not None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = self.tokenizer.encode(spec.text, add_special_tokens=True)
         if not ids:
@@ -52,7 +69,28 @@ class PromptEncoder:
 
     def _template(self, spec: PromptSpec, messages: list[Any], tools: list[Any] | None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                      **(spec.template_kwargs or {}))
         except Exception as err:  # a template (user data + jinja) failing is a per-line error
             raise LineError(spec.source, "the model's chat template failed: "
                             f"{clip(str(err) or type(err).__name__, 200)}") from None
+
+
+def _check_constraint(req: LineRequest, text: str, tokenizer: Any) -> None:
+    """A grammar must not constrain the reasoning. A reply that starts inside it (the prompt
+    opens ``<think>``) gets its grammar after ``</think>``, as vLLM's reasoning + structured
+    outputs; one that starts closed needs nothing. Where the model may or may not open a
+    block itself (Qwen3's own template), the line is refused rather than answered wrongly."""
+    constraint = req.params.structured_outputs
+    if constraint is None or text.rstrip().endswith(END):
+        return
+    if req.reasoning_inside:
+        req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
+        return
+    path = (constraint.path or f"{req.field_prefix}structured_outputs").split(".")
+    name = ".".join(path[:2] if req.field_prefix else path[:1])
+    raise LineError(name, "structured outputs and tool calls cannot yet follow a reasoning block "
+                    "the model may or may not open itself (--reasoning-parser "
+                    f"{req.reasoning.name}); turn thinking off for the line (e.g. "
+                    '"chat_template_kwargs": {"enable_thinking": false}) or run with '
+                    "--reasoning-parser none")

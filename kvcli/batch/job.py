@@ -33,6 +33,7 @@ from kvcli.batch.summary import FAILED, RunCounters, Tally
 from kvcli.batch.writer import ResultWriter
 from kvcli.engine.admission import CONTEXT_OVERFLOW
 from kvcli.numbers import plural
+from kvcli.reasoning import ReasoningParser
 from kvcli.sampling_params import SamplingParams
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE = 0, 1, 2, 141
@@ -63,6 +64,7 @@ class JobOptions:
     clamp_max_tokens: bool = False
     where: Callable[[int], str] | None = None  # "FILE:LINE" of a line number (several INPUTs)
     debug: bool = False  # the full traceback of a line's unexpected exception (guard.py)
+    reasoning: ReasoningParser | None = None  # --reasoning-parser, resolved for the model
 
 
 @dataclass(slots=True)
@@ -86,7 +88,8 @@ class BatchJob:
         self.done = done or set()  # keys already in the output (--resume)
         self.counters = counters or RunCounters()
         writer.on_written = self._written  # results count once their line is on disk
-        self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
+        self.encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size,
+                                     reasoning=opts.reasoning)
         self._pending: dict[str, tuple[int, LineRequest]] = {}  # engine id -> (seq, request)
         self._seen = SeenIds()  # ids of earlier lines (duplicates)
         self._tracebacks = TracebackLog(reporter.error, opts.debug)
@@ -176,7 +179,7 @@ class BatchJob:
         if parsed.other_model is not None:
             self._other_model_lines += 1
             self._other_model = self._other_model or (line_no, parsed.other_model)
-        ids = self.encoder.encode(parsed.prompt, line_no)
+        ids = self.encoder.encode_line(parsed, line_no)
         self._fit_max_tokens(parsed.params, len(ids))
         self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it

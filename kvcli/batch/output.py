@@ -16,13 +16,14 @@ import time
 import uuid
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from kvcli.batch.logprobs import chat_logprobs, completion_logprobs, plain_logprobs
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
+from kvcli.batch.reply import Reply, read_reply
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
 
 
@@ -54,6 +55,7 @@ class ResultFormatter:
     model_name: str
     tokenizer: Any  # for the text of logprob tokens
     include_token_ids: bool = False
+    cache_block: int = 0  # the prefix cache's block size (0: caching off), for cache writes
     _token_text: dict[int, str] = field(default_factory=dict)
     _token_raw: dict[int, list[int]] = field(default_factory=dict)
     _special_ids: frozenset[int] | None = None
@@ -71,7 +73,8 @@ class ResultFormatter:
     def success(self, req: LineRequest, out: RequestOutput) -> bytes:
         if req.style is Style.PLAIN:
             return dumps_line(self._plain(req, out))
-        body = self._openai_body(req, out)
+        body = self._responses(req, out) if req.style is Style.RESPONSES \
+            else self._openai_body(req, out)
         key = req.ident.key
         return dumps_line({
             "id": self._id("batch_req_", key, out), "custom_id": key,
@@ -110,14 +113,17 @@ class ResultFormatter:
             result["choices"] = choices
         result["usage"] = {"prompt_tokens": len(out.prompt_token_ids),
                            "completion_tokens": _completion_tokens(out),
+                           **self._reasoning_usage(req, out),
                            "cached_tokens": out.num_cached_tokens, **_disk_hits(out)}
         if self.include_token_ids:
             result["prompt_token_ids"] = out.prompt_token_ids
         return result
 
     def _plain_choice(self, req: LineRequest, c: CompletionOutput) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
-        content, calls = _tool_calls(req, c)
+        reply = self._reply(req, c)
+        choice: dict[str, Any] = {"index": c.index, "text": reply.content,
+                                  **reply.fields(), "finish_reason": c.finish_reason}
+        content, calls = _tool_calls(req, c, reply)
         if calls:  # as the OpenAI line's message: text is its content (a string, "" if none)
             choice.update(text=content or "", tool_calls=calls,
                           finish_reason=_calls_finish(c))
@@ -140,6 +146,7 @@ class ResultFormatter:
             "usage": {"prompt_tokens": len(out.prompt_token_ids),
                       "completion_tokens": _completion_tokens(out),
                       "total_tokens": len(out.prompt_token_ids) + _completion_tokens(out),
+                      **self._reasoning_usage(req, out),
                       "prompt_tokens_details": {"cached_tokens": out.num_cached_tokens,
                                                 **_disk_hits(out)}},
         }
@@ -149,9 +156,10 @@ class ResultFormatter:
 
     def _openai_choice(self, req: LineRequest, c: CompletionOutput, chat: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": c.index}
-        content, calls = _tool_calls(req, c) if chat else (c.text, [])
+        reply = self._reply(req, c) if chat else Reply(c.text)
+        content, calls = _tool_calls(req, c, reply) if chat else (c.text, [])
         if chat:
-            choice["message"] = {"role": "assistant", "content": content,
+            choice["message"] = {"role": "assistant", "content": content, **reply.fields(),
                                  **({"tool_calls": calls} if calls else {})}
         else:
             choice["text"] = c.text
@@ -166,6 +174,35 @@ class ResultFormatter:
         if self.include_token_ids:
             choice["token_ids"] = c.token_ids
         return choice
+
+    def _responses(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        """A Responses ``Response`` (Responses have no ``n``: one choice)."""
+        from kvcli.batch.responses_out import response_body, response_usage
+
+        (c,) = out.outputs
+        reply = self._reply(req, c)
+        content, calls = _tool_calls(req, c, reply)  # the text outside the calls is the message
+        reply = replace(reply, content=content)
+        prompt = len(out.prompt_token_ids)
+        # The cache keeps the prompt's full blocks: those not read from it are written to it.
+        written = max(0, prompt - prompt % self.cache_block - out.num_cached_tokens) \
+            if self.cache_block else 0
+        usage = response_usage(prompt, out.num_cached_tokens, written, len(c.token_ids),
+                               reply.reasoning_tokens)
+        key = req.ident.key
+        return response_body(req, c, reply, calls, self.model_name, usage,
+                             lambda prefix, n: self._id(prefix, f"{key}#{n}" if n else key, out),
+                             self._created())
+
+    def _reply(self, req: LineRequest, c: CompletionOutput) -> Reply:
+        return read_reply(req, c, lambda ids: self.tokenizer.decode(ids))
+
+    def _reasoning_usage(self, req: LineRequest, out: RequestOutput) -> dict[str, Any]:
+        """OpenAI's ``completion_tokens_details.reasoning_tokens`` where a parser reads replies."""
+        if req.reasoning is None:
+            return {}
+        count = sum(self._reply(req, c).reasoning_tokens for c in out.outputs)
+        return {"completion_tokens_details": {"reasoning_tokens": count}}
 
     def _decode(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -189,14 +226,17 @@ class ResultFormatter:
         return raw
 
 
-def _tool_calls(req: LineRequest, c: CompletionOutput) -> tuple[str | None, list[dict[str, Any]]]:
+def _tool_calls(req: LineRequest, c: CompletionOutput, reply: Reply
+                ) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool_calls) of a reply on a line with tools (kvcli.structured): the complete
-    calls to the line's own functions, also of a reply cut by max_tokens."""
-    if req.tool_format is None or c.finish_reason not in ("stop", "length"):
-        return c.text, []
+    calls to the line's own functions, also of a reply cut by max_tokens; read from the
+    answer, after any reasoning."""
+    if req.tool_format is None or c.finish_reason not in ("stop", "length") \
+            or reply.content is None:
+        return reply.content, []
     from kvcli.structured.tools import parse_tool_calls, tool_names
 
-    return parse_tool_calls(c.text, req.tool_format, tool_names(req.prompt.tools))
+    return parse_tool_calls(reply.content, req.tool_format, tool_names(req.prompt.tools))
 
 
 def _calls_finish(c: CompletionOutput) -> str:

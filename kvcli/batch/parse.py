@@ -26,7 +26,8 @@ from kvcli.sampling_params import SamplingParams
 from kvcli.structured import line_constraint
 from kvcli.structured.tools import check_tool_choice, tool_constraint
 
-_STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION}
+_STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION,
+           Format.OPENAI_RESPONSES: Style.RESPONSES}
 
 
 @dataclass(slots=True)
@@ -57,7 +58,7 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         params = build_params(opts.defaults, req.sampling, ident.key, opts.seed, req.prefix)
         return LineRequest(ident, style, req.prompt, params, req.cache_salt, req.ignored,
                            field_prefix=req.prefix, tool_format=tool_format,
-                           other_model=other_model)
+                           other_model=other_model, echo=_echo(req, obj))
     except LineError as err:
         return FailedLine(ident, style, err)
     except Exception as err:  # the per-line guard: a check no one wrote
@@ -79,8 +80,9 @@ def _decode(raw: RawLine, limit: int) -> dict[str, Any]:
 
 def _style_guess(obj: dict[str, Any]) -> Style:
     openai_line = "body" in obj or "url" in obj or "method" in obj
-    return Style.COMPLETION if obj.get("url") == "/v1/completions" else (
-        Style.CHAT if openai_line else Style.PLAIN)
+    url = obj.get("url")
+    return Style.COMPLETION if url == "/v1/completions" else Style.RESPONSES \
+        if url == "/v1/responses" else Style.CHAT if openai_line else Style.PLAIN
 
 
 def _ident(obj: dict[str, Any], line_no: int) -> LineId:
@@ -88,9 +90,8 @@ def _ident(obj: dict[str, Any], line_no: int) -> LineId:
     return LineId(line_no, key, name) if key is not None else LineId.from_line_no(line_no)
 
 
-#: The Batch API endpoints generate answers (the shared request model also reads
-#: /v1/responses lines, for the audit; generate writes no Responses objects).
-GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL)
+#: The Batch API endpoints generate answers (all the shared request model reads).
+GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
 
 
 def _check_generate_url(obj: dict[str, Any]) -> None:
@@ -99,14 +100,22 @@ def _check_generate_url(obj: dict[str, Any]) -> None:
     batch_line = any(name in obj for name in ("url", "body", "method"))
     if not batch_line or (isinstance(url, str) and url in GENERATE_URLS):
         return
-    hint = "; give a Responses body as a plain line" if url == RESPONSES_URL else ""
     what = f"unsupported endpoint {show_value(url)}" if "url" in obj else "missing"
-    raise LineError("url", f"{what}; kvcli generate accepts "
-                    + " and ".join(GENERATE_URLS) + hint, code="invalid_url")
+    raise LineError("url", f"{what}; kvcli generate accepts " + ", ".join(GENERATE_URLS[:-1])
+                    + " and " + GENERATE_URLS[-1], code="invalid_url")
 
 
 def _style(req: InputRequest) -> Style:
     return _STYLES.get(req.format, Style.PLAIN)
+
+
+def _echo(req: InputRequest, obj: dict[str, Any]) -> dict[str, Any]:
+    """The body fields a Responses result repeats (``ECHOED``), as the line gave them."""
+    if req.format is not Format.OPENAI_RESPONSES:
+        return {}
+    from kvcli.batch.responses_out import ECHOED
+
+    return {k: v for k, v in obj["body"].items() if k in ECHOED and v is not None}
 
 
 def _check_custom_id(req: InputRequest) -> None:
@@ -143,7 +152,8 @@ def _check_supported(req: InputRequest) -> None:
 def _constrain(req: InputRequest) -> None:
     """``response_format`` / ``structured_outputs`` / vLLM's ``guided_*`` -> the one constraint
     the engine enforces."""
-    name = "text.format" if req.format is Format.RESPONSES else "response_format"
+    responses = req.format in (Format.RESPONSES, Format.OPENAI_RESPONSES)
+    name = "text.format" if responses else "response_format"
     try:
         constraint = line_constraint(req.sampling.pop("structured_outputs", None),
                                      req.response_format, req.prefix, name, req.guided)

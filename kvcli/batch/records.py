@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvcli.inputs import LineError, clip
 from kvcli.inputs import Prompt as PromptSpec
+from kvcli.reasoning import ReasoningParser
 from kvcli.sampling_params import SamplingParams
 
 __all__ = ["FailedLine", "LineError", "LineId", "LineRequest", "PromptSpec", "RejectedRequest",
@@ -24,6 +26,7 @@ class Style(enum.Enum):
     PLAIN = "plain"  # {"prompt"} / {"messages"} / {"prompt_token_ids"} -> plain result line
     CHAT = "chat"  # OpenAI Batch line for /v1/chat/completions
     COMPLETION = "completion"  # OpenAI Batch line for /v1/completions
+    RESPONSES = "responses"  # OpenAI Batch line for /v1/responses
 
 
 @dataclass(slots=True)
@@ -54,6 +57,9 @@ class LineRequest:
     field_prefix: str = ""  # where the line's fields live ("body." on OpenAI Batch lines)
     tool_format: str | None = None  # replies are parsed for tool calls in this format
     other_model: str | None = None  # its "model" names another than the loaded one
+    reasoning: ReasoningParser | None = None  # chat replies are split into reasoning + answer
+    reasoning_inside: bool = False  # the reply starts inside its reasoning (the prompt opens it)
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields a Response repeats
 
 
 @dataclass(slots=True)

@@ -44,6 +44,7 @@ from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import CompressedSink, FdSink, LineSink, ResultWriter, open_sink
 from kvcli.compression import suffix_kind
 from kvcli.numbers import plural
+from kvcli.reasoning import resolve as resolve_reasoning
 from kvcli.structured.tools import tool_call_format
 
 EngineFactory = Callable[[GenerateConfig], Any]
@@ -177,7 +178,8 @@ def _run_job(cfg: GenerateConfig, engine: Any, lines: Iterator[RawLine],
     reporter = Reporter(show_progress=show, quiet=cfg.quiet, total=total)
     opts = job_options(cfg, engine, where)
     formatter = ResultFormatter((*cfg.model_names, "default")[0], engine.tokenizer,
-                                cfg.token_ids, deterministic_ids=cfg.deterministic_ids)
+                                cfg.token_ids, deterministic_ids=cfg.deterministic_ids,
+                                cache_block=cache_block(cfg, engine))
     counters = RunCounters()
     writer = ResultWriter(sink, cfg.ordered)
     if cfg.input_order == "prefix":
@@ -200,11 +202,21 @@ def job_options(cfg: GenerateConfig, engine: Any,
     # The parser leaves max_tokens unset where the line does; the job then fits the default
     # to the prompt, and only an explicit value can overflow the context.
     defaults = replace(cfg.sampling, max_tokens=None)
-    tool_format = tool_call_format(getattr(engine.tokenizer, "chat_template", None))
+    template = getattr(engine.tokenizer, "chat_template", None)
     return JobOptions(ParseOptions(defaults, cfg.strict, cfg.seed, cfg.max_line_bytes,
-                                   tool_format, cfg.model_names),
+                                   tool_call_format(template), cfg.model_names),
                       cfg.max_pending, cfg.fail_fast, cfg.input if cfg.input != "-" else "stdin",
-                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug)
+                      cfg.sampling.max_tokens, cfg.clamp_max_tokens, where=where, debug=cfg.debug,
+                      reasoning=resolve_reasoning(cfg.reasoning_parser, template))
+
+
+def cache_block(cfg: GenerateConfig, engine: Any) -> int:
+    """The prefix cache's block size, 0 when caching is off (results count the cache's writes);
+    the engine's own config where it has one (a remote engine's: the flags')."""
+    config = getattr(engine, "config", None)
+    caching = getattr(config, "enable_prefix_caching", cfg.engine.get("enable_prefix_caching", True))
+    size = getattr(config, "block_size", None) or cfg.engine.get("block_size") or 16
+    return int(size) if caching else 0
 
 
 def _total_lines(cfg: GenerateConfig) -> int | None:

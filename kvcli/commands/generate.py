@@ -92,6 +92,12 @@ _JOB_OPTIONS = [
                  callback=_names,
                  help="A name lines may give as \"model\" for the loaded model (repeatable or "
                       "comma-separated; the first is the name results report). Default: --model."),
+    click.option("--reasoning-parser", type=click.Choice(["auto", "none", "qwen3", "deepseek_r1"]),
+                 default="auto", show_default=True,
+                 help="Split a reasoning model's <think>...</think> from the answer of chat "
+                      "lines (message.reasoning_content and .reasoning). auto: from the chat "
+                      "template (Qwen3, DeepSeek-R1 and its distills, any <think> template); "
+                      "none: replies as written."),
     click.option("--debug", is_flag=True,
                  help="Print the full traceback when a line fails on an unexpected error."),
     click.option("--fail-fast", is_flag=True, help="Stop at the first failed request."),
@@ -239,6 +245,7 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
         served_model_names=opts["served_model_names"], debug=opts["debug"],
+        reasoning_parser=opts["reasoning_parser"],
     )
     try:
         if opts["ray_address"] is None:

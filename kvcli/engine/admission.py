@@ -7,7 +7,7 @@ into that line's error naming the field.
 from __future__ import annotations
 
 from kvcli.numbers import plural
-from kvcli.sampling_params import SamplingParams
+from kvcli.sampling_params import SamplingParams, out_of_vocab
 
 #: The words of the refusal of a max_tokens past the context (kvcli generate adds its flag).
 CONTEXT_OVERFLOW = "exceed the model's context"
@@ -28,6 +28,9 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
     bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ValueError(f"prompt_token_ids: token id {bad!r} outside [0, {vocab_size})")
+    bad_bias = out_of_vocab(params, vocab_size)
+    if bad_bias is not None:
+        raise ValueError(bad_bias)
     need = -(-min(len(ids) + params.max_tokens, max_model_len) // block_size)
     if need > num_blocks:
         raise ValueError(f"prompt: needs {need} KV blocks but the pool has {num_blocks} "

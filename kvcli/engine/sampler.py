@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvcli.engine.request import Request
+from kvcli.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -53,9 +54,11 @@ class Sampler:
         logits = logits.float()
         if self.logits_mask is not None:  # before penalties, filters and logprobs read them
             self.logits_mask(logits, requests)
-        if any(_has_penalties(r) for r in requests):
-            logits = logits.clone()
+        if any(_has_penalties(r) or r.sampling_params.biased for r in requests):
+            logits = logits.clone()  # rows without them stay bit-identical
             for i, req in enumerate(requests):
+                if req.sampling_params.biased:  # before penalties, as vLLM orders them
+                    _apply_bias(logits[i], req.sampling_params)
                 if _has_penalties(req):
                     _apply_penalties(logits[i], req)
         greedy = _argmax_rows(logits)
@@ -89,6 +92,21 @@ class Sampler:
 def _has_penalties(req: Request) -> bool:
     sp = req.sampling_params
     return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0 or sp.frequency_penalty != 0
+
+
+def _apply_bias(row: torch.Tensor, sp: SamplingParams) -> None:
+    """vLLM's ``allowed_token_ids`` (every other token -inf), then OpenAI's ``logit_bias``.
+
+    Greedy, sampled and logprobs all read the row after this, as they read the grammar mask."""
+    if sp.allowed_token_ids is not None:
+        keep = torch.full_like(row, float("-inf"))
+        ids = torch.tensor(sp.allowed_token_ids, dtype=torch.long, device=row.device)
+        keep[ids] = 0.0
+        row += keep
+    if sp.logit_bias:
+        ids = torch.tensor(list(sp.logit_bias), dtype=torch.long, device=row.device)
+        row[ids] += torch.tensor(list(sp.logit_bias.values()), dtype=row.dtype,
+                                 device=row.device)
 
 
 def _apply_penalties(row: torch.Tensor, req: Request) -> None:

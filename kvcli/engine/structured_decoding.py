@@ -33,12 +33,25 @@ from kvcli.structured.validity import StructuredStats, is_valid
 class _Matcher:
     matcher: Any  # xgrammar.GrammarMatcher
     num_accepted: int = 0  # output tokens the matcher has consumed
+    after: tuple[int, ...] = ()  # SamplingParams.structured_after: the grammar waits for these
+    start: int | None = 0  # where in the output the grammar starts (None: not yet)
+    scanned: int = 0  # output positions already searched for ``after`` (each step adds one)
+
+    def begin(self, output: list[int]) -> int | None:
+        """The grammar's first output position, once ``after`` has been written."""
+        n = len(self.after)
+        while self.start is None and self.scanned < len(output):
+            self.scanned += 1
+            if self.scanned >= n and tuple(output[self.scanned - n:self.scanned]) == self.after:
+                self.start = self.scanned
+        return self.start
 
 
 class StructuredDecoding:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
                  compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
         self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids, compile_timeout)
+        self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._matchers: dict[str, _Matcher] = {}
         self._held: list[tuple[Future, list[Request]]] = []  # waiting for their grammar
@@ -78,15 +91,17 @@ class StructuredDecoding:
                 failed += [(r, _reason(compiled.exception())) for r in samples]
             else:
                 for req in samples:
-                    self.add(req.request_id, compiled.result())
+                    self.add(req.request_id, compiled.result(),
+                             req.sampling_params.structured_after)
                 ok += samples
         self._held = still
         return ok, failed
 
-    def add(self, request_id: str, compiled: Any) -> None:
+    def add(self, request_id: str, compiled: Any, after: list[int] | None = None) -> None:
         import xgrammar as xgr
 
-        self._matchers[request_id] = _Matcher(xgr.GrammarMatcher(compiled))
+        self._matchers[request_id] = _Matcher(xgr.GrammarMatcher(compiled), after=tuple(
+            after or ()), start=None if after else 0)
 
     def on_finished(self, req: Request, text: str) -> None:
         """Count a finished constrained sample; one that ended by its grammar is re-checked."""
@@ -94,10 +109,13 @@ class StructuredDecoding:
         if state is None:
             return
         self.stats.requests += 1
-        if req.stop_reason not in req.eos_token_ids or req.error is not None:
+        if req.stop_reason not in req.eos_token_ids or req.error is not None \
+                or state.start is None:  # cut, failed, or ended inside its reasoning
             self.stats.cut += 1
             return
         self.stats.completed += 1
+        if state.start:  # the grammar covered only what follows the reasoning
+            text = self._tokenizer.decode(req.output_token_ids[state.start:])
         done = bool(state.matcher.is_terminated())
         if not is_valid(req.sampling_params.structured_outputs, text, done):
             self.stats.invalid += 1
@@ -115,7 +133,8 @@ class StructuredDecoding:
 
     def mask(self, logits: torch.Tensor, requests: list[Request]) -> None:
         """Disallowed tokens of constrained rows -> -inf, in place; other rows untouched."""
-        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers]
+        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers
+                and self._matchers[r.request_id].begin(r.output_token_ids) is not None]
         if not rows:
             return
         import xgrammar as xgr
@@ -130,7 +149,8 @@ class StructuredDecoding:
     def accept(self, req: Request, token_id: int) -> bool:
         """Advance ``req``'s matcher by its newest token; False if the grammar rejects it."""
         state = self._matchers.get(req.request_id)
-        if state is None:
+        start = None if state is None else state.begin(req.output_token_ids[:-1])
+        if start is None:  # unconstrained, or still reasoning (this token may end it)
             return True
         self._synced(req, upto=len(req.output_token_ids) - 1)
         ok = bool(state.matcher.accept_token(token_id))
@@ -141,6 +161,7 @@ class StructuredDecoding:
         """The matcher after exactly ``output_token_ids[:upto]`` (all of them by default)."""
         state = self._matchers[req.request_id]
         tokens = req.output_token_ids if upto is None else req.output_token_ids[:upto]
+        tokens = tokens[state.start or 0:]
         if state.num_accepted != len(tokens):
             state.matcher.reset()
             state.num_accepted = 0

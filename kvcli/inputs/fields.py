@@ -10,7 +10,8 @@ from kvcli.inputs.errors import LineError, show_value, type_name
 from kvcli.sampling_params import SamplingParams
 
 #: Every SamplingParams field may be set per line (plain lines and OpenAI bodies alike).
-SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams))
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams)
+                                         if not f.metadata.get("internal"))
 ID_FIELDS = ("custom_id", "id", "request_id")
 SESSION_KEYS = ("session_id", "prompt_cache_key", "user")
 

@@ -14,7 +14,7 @@ from typing import Any
 from kvcli.inputs.errors import LineError, show_value
 from kvcli.inputs.fields import SAMPLING_FIELDS, renamed, sampling_overrides
 from kvcli.inputs.messages import check_messages, check_tools
-from kvcli.inputs.prompt import Prompt, check_text, check_token_ids
+from kvcli.inputs.prompt import Prompt, check_text, check_token_ids, template_kwargs
 from kvcli.inputs.responses import responses_to_messages
 
 CHAT_URL = "/v1/chat/completions"
@@ -27,7 +27,8 @@ BODY_SAMPLING = tuple(n for n in SAMPLING_FIELDS if n != "logprobs")
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
             "tool_choice", "parallel_tool_calls", "prompt_cache_key", "session_id")
 _COMMON = (*BODY_SAMPLING, *_IGNORED, "max_completion_tokens", "cache_salt", "logprobs")
-CHAT_FIELDS = (*_COMMON, "messages", "tools", "top_logprobs", "response_format")
+CHAT_FIELDS = (*_COMMON, "messages", "tools", "top_logprobs", "response_format",
+               "chat_template_kwargs")
 COMPLETION_FIELDS = (*_COMMON, "prompt", "echo", "suffix", "best_of", "response_format")
 RESPONSES_FIELDS = (*_IGNORED, "input", "instructions", "text", "tools", "max_output_tokens",
                     "temperature", "top_p", "cache_salt", "previous_response_id", "truncation")
@@ -54,7 +55,7 @@ def check_no_stream(body: dict[str, Any], prefix: str) -> None:
 def chat_body(body: dict[str, Any], prefix: str) -> tuple[Prompt, dict[str, Any]]:
     prompt = Prompt(messages=check_messages(body.get("messages"), f"{prefix}messages"),
                     tools=check_tools(body.get("tools"), f"{prefix}tools"),
-                    source=f"{prefix}messages")
+                    source=f"{prefix}messages", template_kwargs=template_kwargs(body, prefix))
     overrides = _common_sampling(body, prefix)
     logprobs = _chat_logprobs(body, prefix)
     if logprobs is not None:
@@ -75,9 +76,20 @@ def responses_body(body: dict[str, Any], prefix: str) -> tuple[Prompt, dict[str,
         raise LineError(f"{prefix}previous_response_id", "needs a server's stored conversation; "
                         "give the whole conversation in input")
     messages = check_messages(responses_to_messages(body, prefix), f"{prefix}input")
-    prompt = Prompt(messages=messages, tools=check_tools(body.get("tools"), f"{prefix}tools"),
-                    source=f"{prefix}input")
+    tools = check_tools(_chat_tools(body.get("tools")), f"{prefix}tools")
+    prompt = Prompt(messages=messages, tools=tools, source=f"{prefix}input")
     return prompt, renamed(body, _RESPONSES_SAMPLING)
+
+
+def _chat_tools(tools: Any) -> Any:
+    """The Responses API's flat function tools ``{"type": "function", "name", "parameters"}``
+    in chat's form ``{"type": "function", "function": {...}}``, as vLLM hands them to the
+    chat template and the tool-call parser."""
+    if not isinstance(tools, list):
+        return tools
+    return [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+            if isinstance(t, dict) and t.get("type") == "function" and "function" not in t
+            else t for t in tools]
 
 
 def _common_sampling(body: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -25,11 +25,24 @@ class Prompt:
     system: Any = None
     source: str = "prompt"
     system_source: str = "system"
+    # A line's chat_template_kwargs (e.g. Qwen3's enable_thinking), passed to the template.
+    template_kwargs: dict[str, Any] | None = None
 
     def chat(self, part_text: PartText = text_part) -> list[dict[str, Any]]:
         """The messages a chat template renders (see content.py for how content is cleaned)."""
         return template_messages(self.messages or [], self.system, source=self.source,
                                  system_source=self.system_source, part_text=part_text)
+
+
+def template_kwargs(body: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` (vLLM's name): an object of extra variables for the template."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise LineError(f"{prefix}chat_template_kwargs", "expected an object of template "
+                        f"variables, got {show_value(value)}")
+    return value
 
 
 def check_text(value: Any, name: str) -> str:

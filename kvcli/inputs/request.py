@@ -35,7 +35,7 @@ from kvcli.inputs.fields import (
     unknown_fields,
 )
 from kvcli.inputs.messages import check_messages, check_tools
-from kvcli.inputs.prompt import Prompt, check_text, check_token_ids
+from kvcli.inputs.prompt import Prompt, check_text, check_token_ids, template_kwargs
 from kvcli.structured.guided import GUIDED_FIELDS
 
 
@@ -66,7 +66,8 @@ class InputRequest:
 
 _META = (*ID_FIELDS, *SESSION_KEYS, "metadata", "cache_salt", "model")
 PLAIN_FIELDS = (*_META, *SAMPLING_FIELDS, *GUIDED_FIELDS, "prompt", "text", "messages",
-                "prompt_token_ids", "tools", "tool_choice", "parallel_tool_calls", "response_format")
+                "prompt_token_ids", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                "chat_template_kwargs")
 ANTHROPIC_FIELDS = (*_META, *GUIDED_FIELDS, "messages", "system", "tools", "tool_choice",
                     "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream",
                     "thinking")
@@ -166,10 +167,12 @@ def _plain_prompt(body: dict[str, Any], prefix: str) -> Prompt:
                         f"expected exactly one of prompt, messages, prompt_token_ids or input, got {what}")
     name = prefix + given[0]
     tools = check_tools(body.get("tools"), f"{prefix}tools")
-    if tools is not None and given[0] != "messages":
-        raise LineError(f"{prefix}tools", "only valid together with messages")
+    for name_only_chat in ("tools", "chat_template_kwargs"):
+        if body.get(name_only_chat) is not None and given[0] != "messages":
+            raise LineError(f"{prefix}{name_only_chat}", "only valid together with messages")
     if given[0] == "messages":
-        return Prompt(messages=check_messages(body["messages"], name), tools=tools, source=name)
+        return Prompt(messages=check_messages(body["messages"], name), tools=tools, source=name,
+                      template_kwargs=template_kwargs(body, prefix))
     if given[0] == "prompt_token_ids":
         return Prompt(token_ids=check_token_ids(body["prompt_token_ids"], name), source=name)
     value = body[given[0]]

@@ -24,7 +24,7 @@ from kvcli.batch.job import BatchJob, JobOutcome
 from kvcli.batch.output import ResultFormatter
 from kvcli.batch.report import Reporter
 from kvcli.batch.resume import scan_output
-from kvcli.batch.run import job_options
+from kvcli.batch.run import cache_block, job_options
 from kvcli.batch.source import iter_lines
 from kvcli.batch.summary import RunCounters
 from kvcli.batch.writer import FdSink, LineSink, ResultWriter
@@ -132,7 +132,8 @@ class BatchRun:
         out_sink, err_sink = _sink(output), _sink(errors)
         reporter = _ProgressReporter(base, publish)
         writer = SplitWriter(out_sink, errors=err_sink)
-        formatter = ResultFormatter(self.model_names[0], self.engine.tokenizer)
+        formatter = ResultFormatter(self.model_names[0], self.engine.tokenizer,
+                                    cache_block=cache_block(self.cfg, self.engine))
         try:
             with open(input_path, "rb") as f:
                 lines = iter_lines(f, self.cfg.max_line_bytes)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # what kvcli generate answers
+from kvcli.inputs.openai import URLS
+
+ENDPOINTS = URLS  # what kvcli generate answers
 COMPLETION_WINDOWS = ("24h",)  # the only one OpenAI accepts
 
 
