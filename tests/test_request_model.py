@@ -59,7 +59,7 @@ def _content(text: str, as_parts: bool) -> Any:
 def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     """A conversation drawn from a small pool, so lines share prefixes and the cache hits."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    for k in range(draw(st.integers(1, 3))):
+    for k in range(draw(st.integers(1, 2))):  # 3 rounds with tools overflow the 512-token context
         messages.append({"role": "user", "content": _content(draw(st.sampled_from(TURNS)), draw(st.booleans()))})
         if draw(st.booleans()):
             call = {"id": f"c{k}", "type": "function",
