@@ -85,3 +85,12 @@ def kvcli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "kvcli_home"
     monkeypatch.setenv("KVCLI_HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_engines_between_modules():
+    """Free the engines a module's in-process CLI runs left in reference cycles, so the suite's peak stays bounded."""
+    yield
+    import gc
+
+    gc.collect()
