@@ -164,9 +164,13 @@ class ResultWriter:
         """Finished lines that are not on disk: held back, or their write failed."""
         return len(self._held) + self.lost
 
+    def _sink_for(self, tag: Any) -> LineSink:
+        """Where a finished line goes; the server's writer sends failed lines to their own file."""
+        return self.sink
+
     def _write(self, line: bytes, tag: Any) -> None:
         try:
-            self.sink.write(line)
+            self._sink_for(tag).write(line)
         except OSError:
             self.lost += 1
             raise

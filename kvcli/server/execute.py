@@ -55,17 +55,9 @@ class SplitWriter(ResultWriter):
 
     errors: LineSink | None = None
 
-    def _write(self, line: bytes, tag: Any) -> None:
-        sink = self.errors if self.errors is not None and not getattr(tag, "ok", True) \
-            else self.sink
-        try:
-            sink.write(line)
-        except OSError:
-            self.lost += 1
-            raise
-        self.written += 1
-        if self.on_written is not None:
-            self.on_written(tag)
+    def _sink_for(self, tag: Any) -> LineSink:
+        failed = self.errors is not None and not getattr(tag, "ok", True)
+        return self.errors if failed else self.sink
 
 
 class _ProgressReporter(Reporter):
