@@ -59,7 +59,7 @@ class AuditOptions:
     color: bool | None = None
     cache_size: str | None = None
     kv_cache_dir: str | None = None  # count blocks a `generate --kv-cache-dir` run left as hits
-    quantization: str | None = None  # the generate run's --quantization (part of the disk key)
+    quantization: str | None = "auto"  # the generate run's --quantization (part of the disk key)
     concurrency: int | None = None
     write_baseline: str | None = None
     baseline: str | None = None
@@ -126,7 +126,11 @@ def run_audit(opts: AuditOptions, stdin: IO[bytes] | None = None, out: IO[bytes]
 def _run(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     profile = make_profile(opts)
     paths = check_paths(opts.paths) if not opts.diff else []
-    tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
+    if opts.model:  # the weights generate would run: "auto" resolved (part of the disk key)
+        from kvcli.checkpoint.quant_modes import resolve_mode
+
+        opts.quantization = resolve_mode(opts.model, opts.quantization, "cpu", opts.dtype)
+    tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors, opts.quantization)
     problems: list[InputProblem] = []
 
     def on_problem(problem: InputProblem) -> None:

@@ -153,14 +153,16 @@ class ModelTokenizer:
         self.directory = directory  # the model's files (config.json: the KV layout)
 
     @classmethod
-    def from_spec(cls, spec: str, write_tensors: TensorWriter | None = None) -> ModelTokenizer:
-        """``write_tensors``: a GGUF conversion's torch step, for a GGUF not yet converted."""
+    def from_spec(cls, spec: str, write_tensors: TensorWriter | None = None,
+                  quantization: str | None = None) -> ModelTokenizer:
+        """``write_tensors``: a GGUF conversion's torch step, for a GGUF not yet converted;
+        ``quantization`` "gguf": a GGUF's tokenizer read from the file (no conversion)."""
         # Imported here: only --model needs them (and they pull in jinja2 and tokenizers).
         from kvcli.checkpoint.resolve import resolve_model
         from kvcli.tokenizer import Tokenizer
 
         try:
-            directory = resolve_model(spec, write_tensors=write_tensors)
+            directory = resolve_model(spec, write_tensors=write_tensors, quantization=quantization)
             return cls(Tokenizer.from_dir(directory), f"model:{spec}", Path(directory))
         except (OSError, ValueError, RuntimeError) as err:
             message = str(err)  # the resolver's errors already name the flag
@@ -193,6 +195,9 @@ class ModelTokenizer:
 
 
 def load_tokenizer(encoding: str = DEFAULT_ENCODING, model: str | None = None,
-                   write_tensors: TensorWriter | None = None) -> AuditTokenizer:
-    return ModelTokenizer.from_spec(model, write_tensors) if model else TiktokenTokenizer(encoding)
+                   write_tensors: TensorWriter | None = None,
+                   quantization: str | None = None) -> AuditTokenizer:
+    if not model:
+        return TiktokenTokenizer(encoding)
+    return ModelTokenizer.from_spec(model, write_tensors, quantization)
 

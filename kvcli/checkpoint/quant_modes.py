@@ -1,7 +1,12 @@
-"""Which ``--quantization`` modes a model directory accepts (torch-free: `kvcli models` asks).
+"""Which ``--quantization`` mode a model runs in, and which it accepts (torch-free: `kvcli models`
+asks).
 
-int8 for any loadable model; gguf where a GGUF file is behind it (a gguf-mode directory's
-link, or the source a conversion recorded).
+``auto`` (the default) runs a GGUF model (the default model, a ``.gguf`` spec, a gguf-mode
+directory) in its own tensor types (``gguf``: no float32 conversion, float32 activations, greedy
+output identical to the conversion's) where the gguf mode can run it: CPU, float32, a llama-
+architecture file whose tensors all have gguf-mode kernels. Anything else under ``auto``, and
+everything under ``none``, runs float weights: a float checkpoint as it is, a GGUF converted once
+to float32. ``int8`` and ``gguf`` are asked for explicitly.
 """
 
 from __future__ import annotations
@@ -9,9 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcli.checkpoint.convert import read_record
+from kvcli.checkpoint.gguf_header import GGUFHeaderError, read_gguf_header
 from kvcli.checkpoint.gguf_meta import linked_gguf
+from kvcli.checkpoint.resolve import DEFAULT_MODEL_NAME, default_gguf_path
 
-MODES = ("int8", "gguf")
+MODES = ("int8", "gguf")  # the quantized modes (kvcli/model/quant/load.py loads them)
+CHOICES = ("auto", "none", *MODES)  # what --quantization accepts
+# GGML tensor types the gguf mode runs (kvcli/model/quant: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K,
+# Q5_K, Q6_K); tests/test_quant_modes.py keeps this equal to what the loader reads.
+GGUF_MODE_TYPES = frozenset({0, 1, 2, 3, 8, 12, 13, 14})
+GGUF_MODE_ARCHITECTURES = ("llama",)  # kvcli/model/quant/gguf_weights.py
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -30,3 +42,46 @@ def available_modes(model_dir: Path | None, gguf_file: Path | None = None) -> li
     GGUF file is behind it."""
     has_gguf = gguf_file is not None or (model_dir is not None and gguf_source(model_dir))
     return ["int8", "gguf"] if has_gguf else ["int8"]
+
+
+def spec_gguf(spec: str | None) -> Path | None:
+    """The GGUF file a ``--model`` spec names itself: the default model's, a ``.gguf`` path, or
+    a gguf-mode directory's link. None for anything else (a float checkpoint or conversion)."""
+    if spec is None or spec == DEFAULT_MODEL_NAME:
+        return default_gguf_path()
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf":
+        return path.resolve() if path.is_file() else None
+    return linked_gguf(path) if path.is_dir() else None
+
+
+def gguf_runs_natively(gguf: Path) -> bool:
+    """Whether the gguf mode can run this file: its architecture and every tensor type."""
+    try:
+        header = read_gguf_header(gguf)
+    except (OSError, GGUFHeaderError):
+        return False  # the float path reports what is wrong with the file
+    return (header.architecture in GGUF_MODE_ARCHITECTURES
+            and header.tensor_types <= GGUF_MODE_TYPES)
+
+
+def auto_mode(gguf: Path | None, device: str = "cpu", dtype: str = "float32") -> str:
+    """What ``--quantization auto`` runs for a model with this GGUF behind it (None: a float
+    checkpoint): ``gguf`` or ``none``."""
+    native = (gguf is not None and device.split(":")[0] == "cpu" and dtype == "float32"
+              and gguf_runs_natively(gguf))
+    return "gguf" if native else "none"
+
+
+def resolve_mode(spec: str | None, requested: str | None = "auto", device: str = "cpu",
+                 dtype: str = "float32") -> str | None:
+    """The weights the engine loads for ``--model spec --quantization requested``: ``"gguf"``,
+    ``"int8"``, or None (float). ``None`` and ``"none"`` ask for float weights."""
+    if requested in (None, "none"):
+        return None
+    if requested == "auto":
+        mode = auto_mode(spec_gguf(spec), device, dtype)
+        return None if mode == "none" else mode
+    if requested not in MODES:
+        raise ValueError(f"--quantization: expected one of {', '.join(CHOICES)}, got {requested!r}")
+    return requested

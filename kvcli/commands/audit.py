@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from kvcli.commands.generate import QUANTIZATION_CHOICES
+
 PROFILE_NAMES = ("kvcli", "vllm", "sglang", "llamacpp", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
@@ -113,9 +115,11 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
 )
 @click.option(
     "--quantization",
-    type=click.Choice(["int8", "gguf"]),
-    default=None,
-    help="With --kv-cache-dir: the generate run's --quantization (the blocks are keyed by it).",
+    type=click.Choice(QUANTIZATION_CHOICES),
+    default="auto",
+    show_default=True,
+    help="The generate run's --quantization: with --kv-cache-dir the blocks are keyed by it (and "
+    "with --model, auto reads a GGUF's tokenizer without converting it).",
 )
 @click.option(
     "--concurrency",

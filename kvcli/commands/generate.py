@@ -10,6 +10,14 @@ from typing import Any
 
 import click
 
+# kvcli/checkpoint/quant_modes.py's CHOICES (tests/test_quant_modes.py keeps them equal), spelled
+# here so that `kvcli --help` imports only click.
+QUANTIZATION_CHOICES = ("auto", "none", "int8", "gguf")
+QUANTIZATION_HELP = ("Weights: auto runs a GGUF model (the default model included) in its own "
+                     "tensor types on CPU (= gguf, no float32 conversion) and anything else in "
+                     "float; none converts a GGUF to float32; int8 quantizes at load (per output "
+                     "channel); gguf a GGUF model's own tensor types, memory-mapped.")
+
 EXIT_INTERRUPTED = 130
 
 
@@ -159,9 +167,8 @@ _ENGINE_OPTIONS = [
                  default="float32", show_default=True),
     click.option("--allow-pickle", is_flag=True,
                  help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
-    click.option("--quantization", type=click.Choice(["int8", "gguf"]),
-                 help="Quantized weights on CPU: int8 (per output channel, quantized at load) or "
-                      "gguf (a GGUF model's own tensor types, memory-mapped). Default: float."),
+    click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES), default="auto",
+                 show_default=True, help=QUANTIZATION_HELP),
     click.option("--kv-cache-dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR", callback=_cache_dir,
                  help="Persistent prefix cache: full KV blocks are kept in DIR across runs and "
                       "processes, and prefixes missing in memory are loaded from it "

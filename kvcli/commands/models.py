@@ -38,15 +38,26 @@ def _quantization(info: Any) -> list[str]:
     return available_modes(Path(info.path) if info.path else None, source)
 
 
+def _mode(info: Any) -> str:
+    """What the model runs in under the default --quantization auto: "gguf" (the GGUF's own
+    tensor types) for the default model where the gguf mode can run it, "none" (float) for
+    conversions and float checkpoints (kvcli/checkpoint/quant_modes.py)."""
+    from kvcli.checkpoint.quant_modes import auto_mode, spec_gguf
+
+    return auto_mode(spec_gguf(None)) if info.default else "none"
+
+
 def _print_table(infos: list[Any]) -> None:
-    rows = [("NAME", "SIZE", "QUANTIZATION", "STATUS")]
+    rows = [("NAME", "SIZE", "MODE", "QUANTIZATION", "STATUS")]
     for info in infos:
         name = info.name + (" (default)" if info.default else "")
-        rows.append((name, _human_size(info.size_bytes), ",".join(_quantization(info)),
+        mode = {"none": "float32"}.get(_mode(info), _mode(info))
+        rows.append((name, _human_size(info.size_bytes), mode, ",".join(_quantization(info)),
                      _status_line(info)))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for name, size, quant, status in rows:
-        click.echo(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {quant:<{widths[2]}}  {status}")
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for name, size, mode, quant, status in rows:
+        click.echo(f"{name:<{widths[0]}}  {size:>{widths[1]}}  {mode:<{widths[2]}}  "
+                   f"{quant:<{widths[3]}}  {status}")
 
 
 @click.group(invoke_without_command=True)
@@ -68,7 +79,8 @@ def models(ctx: click.Context, as_json: bool) -> None:
 
     infos = list_models()
     if as_json:
-        listed = [{**asdict(info), "quantization": _quantization(info)} for info in infos]
+        listed = [{**asdict(info), "mode": _mode(info), "quantization": _quantization(info)}
+                  for info in infos]
         payload = {"home": str(kvcli_home()), "models": listed,
                    "architectures": supported_architectures()}
         click.echo(json.dumps(payload, indent=2))

@@ -11,14 +11,15 @@ from typing import Any
 
 import click
 
+from kvcli.commands.generate import QUANTIZATION_CHOICES
+
 
 @click.command()
 @click.argument("text_file", metavar="FILE")
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="smollm2-135m, a NAME from `kvcli models`, a local directory or a .gguf file.")
-@click.option("--quantization", type=click.Choice(["int8", "gguf"]),
-              help="Score the quantized weights (as `kvcli generate --quantization`). "
-                   "Default: float.")
+@click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES), default="auto",
+              show_default=True, help="The weights scored, as `kvcli generate --quantization`.")
 @click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,
               help="Tokens per window; the second half of each window is scored.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
@@ -44,11 +45,11 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.UsageError(str(err)) from None
     try:
-        result = _measure(text, opts)
+        result, mode = _measure(text, opts)
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
-    doc = {"file": text_file, "model": opts["model"],
-           "quantization": opts["quantization"] or "none", **result.to_dict()}
+    doc = {"file": text_file, "model": opts["model"], "quantization": mode or "none",
+           **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -58,7 +59,8 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
                f"(model {doc['model']}, quantization {doc['quantization']})")
 
 
-def _measure(text: str, opts: dict[str, Any]) -> Any:
+def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None]:
+    """The perplexity, and the weights that ran (``auto`` resolved: gguf, int8 or None)."""
     from kvcli.bench.perplexity import perplexity
     from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
@@ -69,4 +71,4 @@ def _measure(text: str, opts: dict[str, Any]) -> Any:
         engine = LLMEngine.from_config(config)
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
         raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
-    return perplexity(engine, text, opts["context"])
+    return perplexity(engine, text, opts["context"]), engine.config.quantization

@@ -80,12 +80,15 @@ def build_pool(cfg: GenerateConfig, opts: RayOptions, cluster: Cluster,
 
 def _load_tokenizer(cfg: GenerateConfig) -> Any:
     """The model's tokenizer, on the driver (raises ValueError/OSError: "cannot load model")."""
+    from kvcli.checkpoint.quant_modes import resolve_mode
     from kvcli.model.gguf_convert import resolve_model
     from kvcli.tokenizer import Tokenizer
 
-    model_dir = resolve_model(cfg.engine.get("model"),
-                              allow_pickle=bool(cfg.engine.get("allow_pickle")),
-                              quantization=cfg.engine.get("quantization"))
+    engine = cfg.engine
+    mode = resolve_mode(engine.get("model"), engine.get("quantization", "auto"),
+                        engine.get("device", "cpu"), engine.get("dtype", "float32"))
+    model_dir = resolve_model(engine.get("model"), allow_pickle=bool(engine.get("allow_pickle")),
+                              quantization=mode)
     tokenizer = Tokenizer.from_dir(model_dir)
     if cfg.engine.get("chat_template") is not None:  # --chat-template: as the engines render
         tokenizer.set_chat_template(cfg.engine["chat_template"])

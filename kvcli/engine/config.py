@@ -28,7 +28,9 @@ class EngineConfig:
     kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
     kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
     kv_cache_dir_insecure: bool = False  # use it even if other users may write it (kvstore.safety)
-    quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
+    # "auto": a GGUF model in its own types, else float (checkpoint/quant_modes.py); "int8",
+    # "gguf" weights (kvcli/model/quant); None or "none": float
+    quantization: str | None = "auto"
     # Seconds one constraint's grammar may take to compile (its lines fail past it); None: no limit
     structured_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT
     chat_template: str | None = None  # a Jinja template replacing the model's (--chat-template)

@@ -143,7 +143,9 @@ def disk_tier_for(config: Any, model: Any, model_dir: Path | None, kv: torch.Ten
         raise ValueError("kv_cache_dir: the disk cache needs prefix caching enabled")
     if model_dir is None:
         raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
+    # from_config resolved "auto"; an engine built around a model passed in (the bench, tests)
+    # runs that model as it is, float unless the config names a quantized mode.
+    mode = None if config.quantization in ("auto", "none") else config.quantization
     return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, model,
                           Path(model_dir), kv, config.block_size,
-                          config.model or str(model_dir), config.quantization,
-                          config.kv_cache_dir_insecure)
+                          config.model or str(model_dir), mode, config.kv_cache_dir_insecure)

@@ -86,10 +86,15 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
+        from kvcli.checkpoint.quant_modes import resolve_mode
         from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
         from kvcli.tokenizer import Tokenizer
 
+        # "auto" becomes the mode that runs (gguf for a GGUF model, else None: float), so the
+        # disk tier's fingerprint and every report name the weights actually loaded.
+        config = replace(config, quantization=resolve_mode(config.model, config.quantization,
+                                                           config.device, config.dtype))
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
                                        quiet=config.quiet, quantization=config.quantization))
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
