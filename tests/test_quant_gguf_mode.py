@@ -5,7 +5,10 @@ own tensors. It must give what the converted path gives, bit for bit, without co
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 import torch
 from click.testing import CliRunner
@@ -60,6 +63,28 @@ def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, k
     assert len(calls) == 1 and gguf_meta.linked_gguf(first) is not None
 
 
+def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, kvcli_home,  # noqa: F811
+                                                             monkeypatch, tmp_path):
+    first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
+    copy = tmp_path / "elsewhere" / "copy.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(quant_gguf, copy)
+    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: pytest.fail("derived again"))
+    second = resolve_model(str(copy), quiet=True, quantization="gguf")
+    assert second != first and gguf_meta.linked_gguf(second) == copy.resolve()
+    for name in COMPANIONS:
+        assert (second / name).read_bytes() == (first / name).read_bytes(), name
+    changed = bytearray(copy.read_bytes())
+    changed[-1] ^= 0xFF  # other bytes: not the same model
+    copy.write_bytes(bytes(changed))
+    monkeypatch.undo()
+    calls = []
+    real = gguf_meta._write_metadata
+    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: calls.append(a) or real(*a))
+    resolve_model(str(copy), quiet=True, quantization="gguf")
+    assert len(calls) == 1
+
+
 def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
     batch = tmp_path / "in.jsonl"
     batch.write_text("".join(json.dumps({"prompt": p, "max_tokens": 6}) + "\n"
@@ -74,7 +99,10 @@ def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
 def test_cli_gguf_mode_runs_without_a_conversion(quant_gguf, kvcli_home, tmp_path):  # noqa: F811
     quant = _run(tmp_path, "q.jsonl", "--model", str(quant_gguf), "--quantization", "gguf")
     assert _conversions(kvcli_home) == []
-    assert quant == _run(tmp_path, "f.jsonl", "--model", str(quant_gguf))  # converts now
+    assert quant == _run(tmp_path, "a.jsonl", "--model", str(quant_gguf))  # auto: gguf again
+    assert _conversions(kvcli_home) == []
+    assert quant == _run(tmp_path, "f.jsonl", "--model", str(quant_gguf),
+                         "--quantization", "none")  # converts now
     assert len(_conversions(kvcli_home)) == 1
 
 

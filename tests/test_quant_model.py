@@ -139,8 +139,14 @@ def _generate(tmp_path: Path, *args: str) -> list[dict]:
 
 
 def test_cli_quantization_modes(quant_gguf, tiny_models, tmp_path, kvcli_home):
-    float_run = _generate(tmp_path, "--model", str(quant_gguf))
+    """auto (the default) runs the GGUF in its own types, none converts it to float32: the same
+    greedy tokens either way, and as --quantization gguf."""
+    float_run = _generate(tmp_path, "--model", str(quant_gguf), "--quantization", "none")
+    assert not (kvcli_home / "gguf").exists()  # none: the float32 conversion, no gguf directory
+    auto_run = _generate(tmp_path, "--model", str(quant_gguf))
+    assert (kvcli_home / "gguf").is_dir()  # auto ran the file itself
     gguf_run = _generate(tmp_path, "--model", str(quant_gguf), "--quantization", "gguf")
+    assert [r["token_ids"] for r in auto_run] == [r["token_ids"] for r in float_run]
     assert [r["token_ids"] for r in gguf_run] == [r["token_ids"] for r in float_run]
     int8_run = _generate(tmp_path, "--model", str(tiny_models["llama"]), "--quantization", "int8")
     assert [len(r["token_ids"]) for r in int8_run] == [8, 8]
@@ -156,8 +162,9 @@ def test_models_lists_the_quantization_modes(quant_gguf, tiny_models, kvcli_home
     converted = [m for m in listed if m["source"] == str(quant_gguf)]
     assert [m["quantization"] for m in converted] == [["int8", "gguf"]]
     table = runner.invoke(main, ["models"]).output.splitlines()
-    assert table[0].split()[:3] == ["NAME", "SIZE", "QUANTIZATION"]
-    assert any("int8,gguf" in line for line in table[1:])
+    assert table[0].split()[:4] == ["NAME", "SIZE", "MODE", "QUANTIZATION"]
+    assert any("float32  int8,gguf" in line for line in table[1:])  # a conversion runs float32
+    assert [m["mode"] for m in converted] == ["none"]
 
 
 def test_tensor_directory_matches_gguf_reader(quant_gguf, tmp_path):

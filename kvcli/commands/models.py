@@ -38,20 +38,23 @@ def _quantization(info: Any) -> list[str]:
     return available_modes(Path(info.path) if info.path else None, source)
 
 
-def _mode(info: Any) -> str:
+def _mode(info: Any) -> str | None:
     """What the model runs in under the default --quantization auto: "gguf" (the GGUF's own
     tensor types) for the default model where the gguf mode can run it, "none" (float) for
-    conversions and float checkpoints (kvcli/checkpoint/quant_modes.py)."""
+    conversions (kvcli/checkpoint/quant_modes.py); None for a model not installed."""
     from kvcli.checkpoint.quant_modes import auto_mode, spec_gguf
 
-    return auto_mode(spec_gguf(None)) if info.default else "none"
+    if not info.default:
+        return "none"
+    gguf = spec_gguf(None)
+    return None if gguf is None else auto_mode(gguf)
 
 
 def _print_table(infos: list[Any]) -> None:
     rows = [("NAME", "SIZE", "MODE", "QUANTIZATION", "STATUS")]
     for info in infos:
         name = info.name + (" (default)" if info.default else "")
-        mode = {"none": "float32"}.get(_mode(info), _mode(info))
+        mode = {"none": "float32", None: "-"}.get(_mode(info), _mode(info))
         rows.append((name, _human_size(info.size_bytes), mode, ",".join(_quantization(info)),
                      _status_line(info)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
