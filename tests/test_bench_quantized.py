@@ -56,12 +56,33 @@ def test_int8_agreement_is_reported_not_failed(tiny_models):
 
 def test_gguf_of_float32_tensors_agrees_fully_and_table_says_so(tiny_models, kvcli_home):
     gguf = tiny_models.gguf("llama")
-    result = invoke("--workload", "shared-prefix", "--model", str(gguf),
-                    "--compare", "kvcli-gguf,kvcli-int8", *SMALL)
+    result = invoke("--workload", "shared-prefix", "--model", str(gguf), "--quantization",
+                    "none", "--compare", "kvcli-gguf,kvcli-int8", *SMALL)
     assert result.exit_code == 0, result.output
     assert "kvcli-gguf greedy agreement with kvcli float32: 100.0% identical" in result.stdout
     assert "kvcli-int8 greedy agreement with kvcli float32:" in result.stdout
     assert "3/3 (quantized)" in result.stdout
+
+
+def test_the_kvcli_row_runs_the_bench_quantization(tiny_models, kvcli_home):
+    """--quantization picks the kvcli row's weights (auto: a GGUF in its own types, as generate
+    runs it); every row of the report names its precision."""
+    gguf = str(tiny_models.gguf("llama"))
+    docs = {}
+    for mode in ("auto", "none", "int8"):
+        result = invoke("--workload", "decode-1", "--model", gguf, "--quantization", mode,
+                        "--compare", "hf-generate", "--json", *SMALL)
+        assert result.exit_code == 0, result.output
+        docs[mode] = json.loads(result.stdout)
+    precision = {m: [(e["name"], e["precision"]) for e in d["systems"]] for m, d in docs.items()}
+    assert precision == {"auto": [("kvcli", "gguf (f32 act.)"), ("hf-generate", "float32")],
+                         "none": [("kvcli", "float32"), ("hf-generate", "float32")],
+                         "int8": [("kvcli", "int8 (f32 act.)"), ("hf-generate", "float32")]}
+    # A float32 GGUF's own tensors are the float32 weights: the same greedy tokens.
+    assert docs["auto"]["systems"][1]["outputs_match"] is True
+    table = invoke("--workload", "decode-1", "--model", gguf, "--compare", "none", *SMALL)
+    assert table.stdout.splitlines()[1].split()[:2] == ["system", "precision"]
+    assert "gguf (f32 act.)" in table.stdout
 
 
 def test_gguf_without_a_gguf_is_a_usage_error(tiny_models):

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 import torch
 from click.testing import CliRunner
 from test_quant_model import _greedy, quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture

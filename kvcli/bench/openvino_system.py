@@ -51,6 +51,7 @@ class OpenVinoSystem:
     max_num_batched_tokens: int
     threads: int
     name: str = OPENVINO
+    precision: str = "float32"  # exported --weight-format fp32, f32 inference precision
     load_s: float = 0.0
     export_s: float = 0.0
     version: str = ""

@@ -11,7 +11,8 @@ from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED)
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", "llamacpp",
+         *QUANTIZED)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -32,6 +33,8 @@ class BenchConfig:
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
+    llamacpp_server: Path | None = None
+    quantization: str = "auto"  # the kvcli row's --quantization (auto: as kvcli generate)
 
 
 def parse_compare(value: str) -> list[str]:
@@ -61,12 +64,18 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
     from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
     from kvcli.bench.systems import KvcliSystem
 
-    progress(f"loading kvcli engine ({model_dir})")
-    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens)
+    mode = kvcli_mode(cfg)
+    progress(f"loading kvcli engine ({model_dir}, quantization {mode or 'none'})")
+    try:
+        kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, mode)
+    except ValueError as err:  # QuantError: e.g. --quantization gguf on a safetensors model
+        raise BenchConfigError(f"--quantization {cfg.quantization}: {err}") from None
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
-        if name == "vllm":
+        if name == "llamacpp":
+            systems.append(llamacpp_peer(cfg))
+        elif name == "vllm":
             systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
         elif name == "openvino":
             systems.append(start_openvino(model_dir, cfg, progress))
@@ -80,6 +89,28 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
+
+
+def kvcli_mode(cfg: BenchConfig) -> str | None:
+    """The kvcli row's weights: --quantization resolved for --model as generate resolves it."""
+    from kvcli.checkpoint.quant_modes import resolve_mode
+
+    return resolve_mode(cfg.model, cfg.quantization)
+
+
+def llamacpp_peer(cfg: BenchConfig) -> Any:
+    """llama-server on the GGUF file behind --model (the default model's, or a .gguf)."""
+    import torch
+
+    from kvcli.bench.llamacpp_system import LlamaCppSystem
+    from kvcli.checkpoint.quant_modes import spec_gguf
+
+    gguf = spec_gguf(cfg.model)
+    if gguf is None:
+        raise BenchConfigError("--compare llamacpp: runs a GGUF file; --model "
+                               f"{cfg.model} is not one (give the default model or a .gguf)")
+    assert cfg.llamacpp_server is not None  # checked by the command before any loading
+    return LlamaCppSystem(cfg.llamacpp_server, gguf, cfg.threads or torch.get_num_threads()).check()
 
 
 def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:

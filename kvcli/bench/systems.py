@@ -31,6 +31,7 @@ class RunResult:
 
 class BenchSystem(Protocol):
     name: str
+    precision: str  # weights and arithmetic, e.g. "float32" (every row of the report says it)
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult: ...
 
@@ -72,6 +73,13 @@ class KvcliSystem:
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
         return KvcliSystem(self.base, name, enable_prefix_caching)
+
+    @property
+    def precision(self) -> str:
+        """The weights and arithmetic of this row, as the report prints them."""
+        mode = self.base.config.quantization
+        return {None: "float32", "gguf": "gguf (f32 act.)",
+                "int8": "int8 (f32 act.)"}.get(mode, str(mode))
 
     @property
     def exact(self) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from kvcli.commands.generate import QUANTIZATION_CHOICES
+
 WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
 
@@ -31,10 +33,18 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Workload to run (repeatable; 'all' runs every one).")
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="Model name or local directory / .gguf file.")
+@click.option("--quantization", type=click.Choice(QUANTIZATION_CHOICES), default="auto",
+              show_default=True,
+              help="The kvcli row's weights, as `kvcli generate --quantization` (none: float32).")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
-                   "their greedy agreement with float32 is reported) ('none' for kvcli alone).")
+                   "vllm, openvino, llamacpp, kvcli-gguf, kvcli-int8 (kvcli on quantized "
+                   "weights: their greedy agreement with the kvcli row is reported) ('none' "
+                   "for kvcli alone).")
+@click.option("--llamacpp-server", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="KVCLI_LLAMACPP_SERVER",
+              help="--compare llamacpp: a llama-server binary (scripts/build_llama_server.sh "
+                   "builds one; env KVCLI_LLAMACPP_SERVER).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
@@ -92,6 +102,10 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
         from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
 
         raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
+    if "llamacpp" in compare and opts.get("llamacpp_server") is None:
+        from kvcli.bench.llamacpp_system import INSTALL_HINT as LLAMACPP_HINT
+
+        raise click.UsageError(f"--compare llamacpp needs --llamacpp-server PATH; {LLAMACPP_HINT}")
     cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
                       warmup=not no_warmup, **opts)
     report = _run(cfg, quiet)
