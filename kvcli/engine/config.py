@@ -13,7 +13,6 @@ module to build its options.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -99,17 +98,22 @@ class EngineConfig:
     quiet: bool = False  # no model conversion or download progress on stderr
 
 
-def engine_config(**options: Any) -> EngineConfig:
+def make_engine_config(**options: Any) -> EngineConfig:
     """An EngineConfig from keyword options (``LLM()``'s); an unknown name is a TypeError that
-    names it and the closest known option."""
+    names it, the closest known option, and the options there are."""
     known = [f.name for f in fields(EngineConfig)]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        hints = [f"{name!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
-            name, known, n=1)) else repr(name) for name in unknown]
-        raise TypeError(f"unknown engine option(s): {', '.join(hints)}; the options are "
-                        f"EngineConfig's fields: {', '.join(known)}")
+        raise TypeError(f"unknown engine option(s): {', '.join(_guess(n, known) for n in unknown)}"
+                        f"; the options are EngineConfig's fields: {', '.join(known)}")
     return EngineConfig(**options)
+
+
+def _guess(name: str, known: list[str]) -> str:
+    import difflib  # only for the error
+
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def budget_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcli.engine.config import engine_config
+from kvcli.engine.config import make_engine_config
 from kvcli.engine.llm_engine import LLMEngine
 from kvcli.engine.outputs import RequestOutput
 from kvcli.sampling_params import SamplingParams
@@ -23,7 +23,7 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
         if model is not None:  # None: EngineConfig's default model
             engine_kwargs["model"] = model
-        self.engine = LLMEngine.from_config(engine_config(**engine_kwargs))
+        self.engine = LLMEngine.from_config(make_engine_config(**engine_kwargs))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
