@@ -15,7 +15,13 @@ import click
 import pytest
 
 from kvcli.cli import main
-from kvcli.commands.options import ALL_ENGINE_OPTIONS, ENGINE_FIELDS, engine_config, engine_option
+from kvcli.commands.options import (
+    ALL_ENGINE_OPTIONS,
+    ENGINE_FIELDS,
+    engine_config,
+    engine_option,
+    flag_fields,
+)
 from kvcli.engine.config import EngineConfig, make_engine_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,3 +138,18 @@ def test_unknown_engine_options_are_refused_by_name() -> None:
                                         r"mean 'block_size'\?\), 'colour'"):
         LLM("never-loaded", blok_size=4, colour="red")  # refused before any model is read
     assert make_engine_config(block_size=4) == EngineConfig(block_size=4)
+
+
+def test_the_ray_flags_are_derived_from_ray_options() -> None:
+    from kvcli.distributed.options import RayOptions
+
+    options = _options("generate")
+    ray_fields = flag_fields(RayOptions)
+    assert list(ray_fields) == ["workers", "worker_cpus", "worker_gpus"]
+    for name, field in ray_fields.items():
+        assert options[name].default == field.default == getattr(RayOptions(), name)
+        assert options[name].help == field.metadata["flag"].help
+    params = _parse("generate", ["x.jsonl", "--worker-cpus", "2.5"])
+    assert params["worker_cpus"] == 2.5 and params["workers"] is None
+    with pytest.raises(click.BadParameter):
+        _parse("generate", ["x.jsonl", "--worker-cpus", "0"])  # min_open: more than 0

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from kvcli.commands.options import ALL_ENGINE_OPTIONS, engine_config, engine_options, size
+from kvcli.commands.options import (
+    ALL_ENGINE_OPTIONS,
+    config_options,
+    engine_config,
+    engine_options,
+    size,
+)
+from kvcli.distributed.options import RayOptions  # Ray-free: the settings only
 
 EXIT_INTERRUPTED = 130
 
@@ -96,13 +103,7 @@ _RAY_OPTIONS = [
                  help="Run on a Ray cluster: ADDRESS as Ray takes it (auto, HOST:6379, "
                       "ray://HOST:10001); alone, or 'local', start a local Ray instance. "
                       "Put INPUT before it. Needs: pip install 'kvcli[ray]'."),
-    click.option("--workers", type=click.IntRange(min=1),
-                 help="With --ray: engine actors (default: as many as the cluster's CPUs, or "
-                      "GPUs, allow)."),
-    click.option("--worker-cpus", type=click.FloatRange(min=0, min_open=True), default=1.0,
-                 show_default=True, help="With --ray: CPUs per actor (also its torch threads)."),
-    click.option("--worker-gpus", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                 help="With --ray: GPUs per actor (> 0 runs the engine on cuda)."),
+    config_options(RayOptions, "workers", "worker_cpus", "worker_gpus"),
 ]
 
 
@@ -181,7 +182,7 @@ def _refuse_ray_options_without_ray(ctx: click.Context) -> None:
 
 def _run_on_ray(cfg: Any, opts: dict[str, Any]) -> int:
     """``--ray``: the same job over Ray actors; Ray is imported only here (an optional extra)."""
-    from kvcli.distributed.options import RayMissingError, RayOptions, require_ray
+    from kvcli.distributed.options import RayMissingError, require_ray
 
     try:
         require_ray()

@@ -23,11 +23,14 @@ from kvcli.engine.config import EngineConfig, Flag
 
 Decorator = Callable[[Any], Any]
 
-# The fields that are engine options, in EngineConfig's order (`kvcli generate --help`'s).
-ENGINE_FIELDS: dict[str, Field[Any]] = {
-    f.name: f for f in fields(EngineConfig) if "flag" in f.metadata}
+
+def flag_fields(config: type) -> dict[str, Field[Any]]:
+    """A settings dataclass's fields that are flags, in its order (their order in --help)."""
+    return {f.name: f for f in fields(config) if "flag" in f.metadata}
+
+
+ENGINE_FIELDS = flag_fields(EngineConfig)
 ALL_ENGINE_OPTIONS = tuple(ENGINE_FIELDS)  # what generate and serve take
-_HINTS = typing.get_type_hints(EngineConfig)
 
 
 def size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -84,9 +87,14 @@ _PARSERS = {"size": size, "kv_cache_dir": _cache_dir, "chat_template": _chat_tem
             "zero_is_none": _zero_is_none}
 
 
-def _value_type(name: str) -> type:
+_HINTS: dict[type, dict[str, Any]] = {}  # each settings class's evaluated annotations
+
+
+def _value_type(config: type, name: str) -> type:
     """The field's type without its None (``int | None`` -> int)."""
-    hint = _HINTS[name]
+    if config not in _HINTS:
+        _HINTS[config] = typing.get_type_hints(config)
+    hint = _HINTS[config][name]
     return next((a for a in typing.get_args(hint) if a is not type(None)), hint)
 
 
@@ -95,17 +103,24 @@ def _click_type(flag: Flag, kind: type) -> Any:
         return click.STRING  # the callback parses it
     if flag.choices:
         return click.Choice(flag.choices)
+    if flag.min is not None and kind is int:
+        return click.IntRange(min=int(flag.min), min_open=flag.min_open)
     if flag.min is not None:
-        return click.IntRange(min=int(flag.min)) if kind is int else click.FloatRange(min=flag.min)
+        return click.FloatRange(min=flag.min, min_open=flag.min_open)
     return kind
 
 
 def engine_option(name: str, note: str | None = None) -> Decorator:
     """The click option of EngineConfig field ``name``; ``note``: a sentence one command adds
     to its help."""
-    f = ENGINE_FIELDS[name]
+    return config_option(EngineConfig, name, note)
+
+
+def config_option(config: type, name: str, note: str | None = None) -> Decorator:
+    """The click option of field ``name`` of the settings dataclass ``config``."""
+    f = flag_fields(config)[name]
     flag: Flag = f.metadata["flag"]
-    kind = _value_type(name)
+    kind = _value_type(config, name)
     kw: dict[str, Any] = {"help": " ".join(t for t in (flag.help, note) if t) or None,
                           "metavar": flag.metavar, "envvar": flag.envvar, "is_eager": flag.eager,
                           "callback": _PARSERS[flag.parse] if flag.parse else None}
@@ -118,8 +133,15 @@ def engine_option(name: str, note: str | None = None) -> Decorator:
 
 
 def engine_options(*names: str, notes: Mapping[str, str] | None = None) -> Decorator:
-    """The options of these fields, in this order in --help."""
-    options = [engine_option(name, (notes or {}).get(name)) for name in names]
+    """The options of these EngineConfig fields, in this order in --help; ``notes``: a
+    sentence this command adds to a field's help."""
+    return config_options(EngineConfig, *names, notes=notes)
+
+
+def config_options(config: type, *names: str, notes: Mapping[str, str] | None = None
+                   ) -> Decorator:
+    """The options of these fields of the settings dataclass ``config``, in this order."""
+    options = [config_option(config, name, (notes or {}).get(name)) for name in names]
 
     def decorate(f: Any) -> Any:
         for option in reversed(options):

@@ -27,13 +27,15 @@ SCHEDULINGS = ("fcfs", "cache-aware")
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """How a field is given on the command line; the rest (type, default) is the field's."""
+    """How a field is given on the command line; the rest (type, default) is the field's.
+    (The settings of ``--ray``, kvcli/distributed/options.py, use it too.)"""
 
     help: str | None = None
     name: str | None = None  # default: --field-name; a bool's flag sets the opposite of its default
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     min: float | None = None  # the lowest value a number may take
+    min_open: bool = False  # ... but not min itself
     # "size": a SIZE such as 2GiB; "kv_cache_dir", "chat_template": checked or read at parse
     # time; "zero_is_none": 0 means no limit (None). kvcli/commands/options.py implements each.
     parse: str | None = None
