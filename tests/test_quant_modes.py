@@ -22,7 +22,7 @@ from kvcli.checkpoint.quant_modes import (
 )
 from kvcli.checkpoint.resolve import resolve_model
 from kvcli.cli import main
-from kvcli.commands.generate import QUANTIZATION_CHOICES
+from kvcli.engine.config import QUANTIZATIONS, EngineConfig
 
 
 def _q8_gguf(tiny_models, path: Path, arch: str = "llama") -> Path:
@@ -105,7 +105,7 @@ def test_gguf_mode_types_are_what_the_loader_reads():
 
 
 def test_cli_choices_are_the_modes():
-    assert QUANTIZATION_CHOICES == CHOICES
+    assert QUANTIZATIONS == CHOICES and EngineConfig().quantization == "auto"
 
 
 def test_models_shows_the_default_models_mode(kvcli_home):

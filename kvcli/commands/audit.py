@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from kvcli.commands.generate import QUANTIZATION_CHOICES
+from kvcli.audit.profiles import PROFILES  # data only (the package resolves the rest lazily)
+from kvcli.engine.config import QUANTIZATIONS  # torch-free (built for --help)
 
-PROFILE_NAMES = ("kvcli", "vllm", "sglang", "llamacpp", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
 
@@ -20,7 +20,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
 @click.argument("paths", nargs=-1, metavar="PATH...")
 @click.option(
     "--profile",
-    type=click.Choice(PROFILE_NAMES),
+    type=click.Choice(tuple(PROFILES)),
     default="kvcli",
     show_default=True,
     help="Cache rules: this engine, vLLM (the same block rule), SGLang (token-granular radix tree), "
@@ -115,7 +115,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
 )
 @click.option(
     "--quantization",
-    type=click.Choice(QUANTIZATION_CHOICES),
+    type=click.Choice(QUANTIZATIONS),
     default="auto",
     show_default=True,
     help="The generate run's --quantization: with --kv-cache-dir the blocks are keyed by it (and "
