@@ -106,6 +106,8 @@ def test_bench_runs_the_fake_server(tiny_models, kvcli_home, fake_server):
     assert peer["exact"] is False and peer["generated_tokens"] == 12
     assert peer["agreement"]["identical_share"] is not None and "llamacpp" in doc["speedup"]
     assert peer["details"]["slots"] == 3 and peer["ttft_mean_s"] is not None
+    assert kvcli["precision"] == "gguf (f32 act.)"  # auto: the GGUF in its own types ...
+    assert not (kvcli_home / "models").exists()  # ... and no float32 conversion for the bench
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     starts = [e["argv"] for e in entries if "argv" in e]
     assert len(starts) == 3  # per workload, then before each of the 2 timed runs (cold cache)
@@ -117,7 +119,7 @@ def test_bench_runs_the_fake_server(tiny_models, kvcli_home, fake_server):
     assert peer["prefill_tokens_computed"] + peer["cached_tokens"] == doc["prompt_tokens"]
 
 
-def test_llamacpp_needs_a_server_and_a_gguf(tiny_models, tmp_path, fake_server):
+def test_llamacpp_needs_a_server_and_a_gguf(tiny_models, tmp_path, fake_server, kvcli_home):
     result = _bench("--workload", "decode-1", "--compare", "llamacpp", *SMALL)
     assert result.exit_code == 2 and "--llamacpp-server PATH" in result.output
     result = _bench("--workload", "decode-1", "--model", str(tiny_models["llama"]),
@@ -125,7 +127,7 @@ def test_llamacpp_needs_a_server_and_a_gguf(tiny_models, tmp_path, fake_server):
     assert result.exit_code == 2 and "runs a GGUF file" in result.output
     result = _bench("--workload", "decode-1", "--model", str(tiny_models.gguf("llama")),
                     "--compare", "llamacpp", "--llamacpp-server", str(tmp_path / "nope"), *SMALL)
-    assert result.exit_code == 1 and "no such executable" in result.output
+    assert result.exit_code == 1 and "no such executable" in result.output, result.output
 
 
 @pytest.mark.skipif(not os.environ.get("KVCLI_LLAMACPP_SERVER"),

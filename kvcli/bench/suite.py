@@ -17,6 +17,8 @@ QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", "llamacpp",
          *QUANTIZED)
 DEFAULT_COMPARE = "hf-generate"
+# Peers that load the bench's model directory as float weights (a GGUF is converted for them).
+FLOAT_PEERS = {"hf-generate", "hf-generate-batch", "vllm", "openvino", "kvcli-int8"}
 
 
 @dataclass(slots=True)
@@ -68,9 +70,10 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
     from kvcli.bench.systems import KvcliSystem
 
     mode = kvcli_mode(cfg)
-    progress(f"loading kvcli engine ({model_dir}, quantization {mode or 'none'})")
+    spec = _weights_spec(model_dir, cfg, mode)
+    progress(f"loading kvcli engine ({spec}, quantization {mode or 'none'})")
     try:
-        kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, mode)
+        kvcli = KvcliSystem.load(spec, cfg.max_num_batched_tokens, mode)
     except ValueError as err:  # QuantError: e.g. --quantization gguf on a safetensors model
         raise BenchConfigError(f"--quantization {cfg.quantization}: {err}") from None
     systems: list[Any] = [kvcli]
@@ -92,6 +95,27 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
+
+
+def _weights_spec(model_dir: Path, cfg: BenchConfig, mode: str | None) -> str:
+    """What kvcli loads ``mode`` from: gguf runs a GGUF spec itself (as generate does, not via
+    a conversion's record, whose source may be gone), anything else the bench's directory."""
+    from kvcli.checkpoint.quant_modes import spec_gguf
+
+    return str(cfg.model) if mode == "gguf" and spec_gguf(cfg.model) else str(model_dir)
+
+
+def bench_model_dir(cfg: BenchConfig, mode: str | None) -> Path:
+    """The directory the report names and float peers load: the float32 conversion of a GGUF
+    where a row needs float weights, else (a gguf kvcli row, gguf peers only) the GGUF's own
+    directory, so the default model is not converted just to be benchmarked natively."""
+    from kvcli.checkpoint.quant_modes import spec_gguf
+    from kvcli.model.gguf_convert import resolve_model
+
+    native = mode == "gguf" and spec_gguf(cfg.model) is not None
+    if native and not set(cfg.compare) & FLOAT_PEERS:
+        return Path(resolve_model(cfg.model, quantization="gguf"))
+    return Path(resolve_model(cfg.model))
 
 
 def kvcli_mode(cfg: BenchConfig) -> str | None:
@@ -117,14 +141,15 @@ def llamacpp_peer(cfg: BenchConfig) -> Any:
 
 
 def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:
-    """kvcli on the reference's model directory with quantized weights: gguf runs the tensors
-    of the GGUF file it was converted from (found by its record), int8 quantizes its float32
-    weights at load."""
+    """kvcli with quantized weights: gguf runs the GGUF spec's tensors (or those of the file
+    a directory was converted from, found by its record), int8 quantizes the reference
+    directory's float32 weights at load."""
     from kvcli.bench.systems import KvcliSystem
 
+    mode = QUANTIZED[name]
     try:
-        return KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, QUANTIZED[name],
-                                name)
+        return KvcliSystem.load(_weights_spec(model_dir, cfg, mode), cfg.max_num_batched_tokens,
+                                mode, name)
     except ValueError as err:  # QuantError: e.g. no GGUF behind a safetensors model
         raise BenchConfigError(f"--compare {name}: {err}") from None
 
@@ -163,11 +188,9 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None]) -> dict[str, An
     """The report: one workload's document, or {"runs": [...]} for several."""
     import torch
 
-    from kvcli.model.gguf_convert import resolve_model
-
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    model_dir = Path(resolve_model(cfg.model))
+    model_dir = bench_model_dir(cfg, kvcli_mode(cfg))
     systems = load_systems(model_dir, cfg, progress)
     try:
         docs = _run_workloads(cfg, systems, model_dir, progress)
