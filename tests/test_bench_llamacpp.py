@@ -87,11 +87,12 @@ def test_request_and_answer():
 
 
 def test_server_shape():
-    assert context_size([[1] * 100, [2] * 50], 32) == 256  # 148 + 98 tokens, rounded up
+    assert context_size([[1] * 100, [2] * 50], 32) == 512  # 2 slots of 100 + 32 + 16 -> 256
+    assert context_size([[1] * 300], 32) == 512
     args = server_args(Path("/x/llama-server"), Path("m.gguf"), 8080, 2, 32, 4096)
     assert args[:3] == ["/x/llama-server", "-m", "m.gguf"]
     assert args[args.index("-np") + 1] == "32" and args[args.index("-c") + 1] == "4096"
-    assert args[args.index("--host") + 1] == "127.0.0.1" and "--kv-unified" in args
+    assert args[args.index("--host") + 1] == "127.0.0.1" and "--no-kv-unified" in args
 
 
 def test_bench_runs_the_fake_server(tiny_models, kvcli_home, fake_server):
