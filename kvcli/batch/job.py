@@ -103,16 +103,26 @@ class BatchJob:
     def run(self, stop: StopSignal | None = None) -> JobOutcome:
         """``stop``: what asks the job to stop (default: SIGINT / SIGTERM; kvcli serve passes
         its own, truthy once a batch is cancelled or expires or the server shuts down)."""
-        with stop if stop is not None else StopSignal() as stop:
-            try:
-                self._loop(stop)
-            except OutputError as err:
-                return self._stopped_by_output_error(err.os_error)
-            except InputError as err:
-                self.reporter.error(f"kvcli generate: {err}")
-                return self._outcome(EXIT_USAGE, "input error")
-            if stop:
-                return self._outcome(stop.exit_code, stop.name)
+        try:
+            with stop if stop is not None else StopSignal() as stop:
+                outcome = self._run_loop(stop)
+        finally:
+            # The writer holds this job's callback: without the cycle the job, and the engine
+            # (weights, KV pool) it holds, are freed as soon as an in-process caller (LLM
+            # users, kvcli serve, the tests) drops them, not at some later cyclic collection.
+            self.writer.on_written = None
+        return outcome
+
+    def _run_loop(self, stop: StopSignal) -> JobOutcome:
+        try:
+            self._loop(stop)
+        except OutputError as err:
+            return self._stopped_by_output_error(err.os_error)
+        except InputError as err:
+            self.reporter.error(f"kvcli generate: {err}")
+            return self._outcome(EXIT_USAGE, "input error")
+        if stop:
+            return self._outcome(stop.exit_code, stop.name)
         if self._failed_fast:
             return self._outcome(EXIT_FAILED, "fail-fast")
         self._warn_once_per_run()
