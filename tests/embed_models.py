@@ -65,7 +65,6 @@ def causal_st_model(source: Path, path: Path, pooling: str, normalize: bool) -> 
 def st_encode(path: Path, texts: list[str]):
     """sentence-transformers' ``encode`` of ``texts`` (float32 numpy, one row per text)."""
     from sentence_transformers import SentenceTransformer
-
     from transformers import AutoTokenizer
 
     model = SentenceTransformer(str(path), device="cpu")
