@@ -75,12 +75,19 @@ def st_encode(path: Path, texts: list[str]):
     return model.encode(texts, batch_size=len(texts), convert_to_numpy=True)
 
 
-def kvcli_encode(path: Path, texts: list[str], **engine) -> tuple[list[list[float]], dict]:
-    """kvcli's engine's embeddings of ``texts`` (one request per text) and its stats."""
+def kvcli_encode(path: Path, texts: list[str], preempt: bool = False,
+                 **engine) -> tuple[list[list[float]], dict]:
+    """kvcli's engine's embeddings of ``texts`` (one request per text) and its stats.
+
+    ``preempt``: every request is preempted once, mid-prefill. A prefill-only job never runs
+    out of blocks on its own (at most the newest request is part-computed when a step begins;
+    the rest finish and free theirs), but mixed with chat lines' decodes it is preempted like
+    any other, so the recompute path is forced here."""
+    from kvcli.engine.scheduler import SchedulerOutput
     from kvcli.engine.config import EngineConfig
     from kvcli.engine.llm_engine import LLMEngine
 
-    eng = LLMEngine.from_config(EngineConfig(model=str(path), num_blocks=256, **engine))
+    eng = LLMEngine.from_config(EngineConfig(model=str(path), **{"num_blocks": 256, **engine}))
     params = eng.embedding.params(None)
     for i, text in enumerate(texts):
         eng.add_embedding_request(str(i), [eng.tokenizer.encode(text, add_special_tokens=True)],
@@ -90,4 +97,8 @@ def kvcli_encode(path: Path, texts: list[str], **engine) -> tuple[list[list[floa
         for out in eng.step():
             assert out.error is None, out.error
             outs[out.request_id] = out.embeddings[0]
+        for req in list(eng.scheduler.running) if preempt else ():
+            if 0 < req.num_computed_tokens < req.num_tokens and not req.num_preemptions:
+                eng.scheduler.running.remove(req)
+                eng.scheduler._preempt(req, SchedulerOutput())
     return [outs[str(i)] for i in range(len(texts))], eng.stats()
