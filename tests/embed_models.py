@@ -83,9 +83,9 @@ def kvcli_encode(path: Path, texts: list[str], preempt: bool = False,
     out of blocks on its own (at most the newest request is part-computed when a step begins;
     the rest finish and free theirs), but mixed with chat lines' decodes it is preempted like
     any other, so the recompute path is forced here."""
-    from kvcli.engine.scheduler import SchedulerOutput
     from kvcli.engine.config import EngineConfig
     from kvcli.engine.llm_engine import LLMEngine
+    from kvcli.engine.scheduler import SchedulerOutput
 
     eng = LLMEngine.from_config(EngineConfig(model=str(path), **{"num_blocks": 256, **engine}))
     params = eng.embedding.params(None)
