@@ -183,3 +183,14 @@ def test_dimensions_truncate_then_normalise(tiny_models, tmp_path):
     assert len(d16) == 16
     np.testing.assert_allclose(d16, full[:16] / np.linalg.norm(full[:16]), atol=1e-6)
     assert "supports 16, 32" in out["d20"]["error"]["message"]
+
+
+def test_the_library_embeds_as_the_batch_does(headless):
+    from kvcli import LLM
+
+    llm = LLM(str(headless), num_blocks=64)
+    lines = [emb_line({"input": "Paris"}, "text"), emb_line({"input": [5, 6, 7]}, "ids")]
+    _, out = generate("-", "--model", str(headless), "-q", input=jsonl(lines))
+    assert llm.embed(["Paris", [5, 6, 7]]) == vectors(out["text"]) + vectors(out["ids"])
+    with pytest.raises(ValueError, match="dimensions"):
+        llm.embed(["Paris"], dimensions=8)
