@@ -194,3 +194,12 @@ def test_the_library_embeds_as_the_batch_does(headless):
     assert llm.embed(["Paris", [5, 6, 7]]) == vectors(out["text"]) + vectors(out["ids"])
     with pytest.raises(ValueError, match="dimensions"):
         llm.embed(["Paris"], dimensions=8)
+
+
+def test_the_audit_says_it_does_not_predict_embeddings_lines():
+    from kvcli.audit.parse import to_request
+    from kvcli.audit.records import InputProblem
+
+    for line in (emb_line({"input": "x"}), {"id": "p", "input": "x", "task": "embed"}):
+        problem = to_request(line, "in.jsonl:1")
+        assert isinstance(problem, InputProblem) and "embeddings" in str(problem.__dict__)
