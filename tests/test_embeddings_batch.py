@@ -203,3 +203,18 @@ def test_the_audit_says_it_does_not_predict_embeddings_lines():
     for line in (emb_line({"input": "x"}), {"id": "p", "input": "x", "task": "embed"}):
         problem = to_request(line, "in.jsonl:1")
         assert isinstance(problem, InputProblem) and "embeddings" in problem.message
+
+
+def test_an_engine_without_embeddings_fails_those_lines_only():
+    """``generate --ray``'s pool (like this fake) has no embedding path: its embeddings lines
+    are their errors, the chat lines beside them run."""
+    from test_batch_job import jsonl as job_lines
+    from test_batch_job import run_job
+
+    outcome, sink, _ = run_job(job_lines(emb_line({"input": "x"}, "e"), {"id": "p", "prompt": "ab"},
+                                         {"id": "t", "input": "x", "task": "embed"}), ordered=True)
+    assert outcome.exit_code == 1
+    by_id = {r.get("custom_id") or r["id"]: r for r in sink.results}
+    assert "not supported by this engine" in by_id["e"]["error"]["message"]
+    assert by_id["e"]["error"]["param"] == "body.input" and by_id["t"]["error"]["param"] == "input"
+    assert by_id["p"]["text"] == "ba"
