@@ -7,7 +7,6 @@ for sampling rows only, Sampler) -> stop checks -> finished requests freed.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -157,8 +156,7 @@ class LLMEngine:
             raise ValueError(f"id: duplicate request id {request_id!r}")
         for i, ids in enumerate(inputs):
             check_embedding_prompt(ids, self.max_model_len, self.vocab_size, self.num_blocks,
-                                   self.config.block_size,
-                                   "input" if len(inputs) == 1 else f"input[{i}]")
+                                   self.config.block_size, f"input[{i}]" if inputs[1:] else "input")
         children = pooling.requests(request_id, inputs, params, cache_salt,
                                     self.config.block_size, self._arrivals)
         self._arrivals += len(children)
@@ -215,8 +213,8 @@ class LLMEngine:
         now = time.monotonic()
         finished = [done for i, req in enumerate(samplers)
                     if (done := self._advance(req, result, i, now)) is not None]
-        finished += [done for req in self.runner.pooled_done
-                     if (done := self._pooled(req, now)) is not None]
+        finished += [done for req in self.runner.pooled_done  # embeddings: done after prefill
+                     if (done := self._finish(req, pooling.complete(req, now))) is not None]
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return admitted + finished
 
@@ -232,15 +230,6 @@ class LLMEngine:
             req.first_token_time = now
         status = self._grammar_rejected(req) or check_stop(req, self.max_model_len, self.tokenizer.decode)
         return None if status is None else self._finish(req, status)
-
-    def _pooled(self, req: Request, now: float) -> RequestOutput | None:
-        """An embedding request whose whole prompt is computed: its vector, and it is done."""
-        req.first_token_time = now
-        req.embedding = pooling.finish(req)
-        if not all(math.isfinite(x) for x in req.embedding):
-            req.error = NONFINITE_LOGITS.replace("logits", "hidden states")
-            return self._finish(req, RequestStatus.FINISHED_ERROR)
-        return self._finish(req, RequestStatus.FINISHED_STOPPED)
 
     def _finish(self, req: Request, status: RequestStatus) -> RequestOutput | None:
         self.scheduler.finish(req, status)
@@ -325,8 +314,8 @@ class LLMEngine:
         return result
 
     def _embedding_output(self, parent: str, group: list[Request]) -> RequestOutput:
-        disk = self.kv_manager.disk_hit_tokens if self.disk is not None else None
-        result = pooling.group_output(parent, group, disk)
+        result = pooling.group_output(parent, group, self.kv_manager.disk_hit_tokens
+                                      if self.disk is not None else None)
         for r in group:
             self._forget(r)
         self.metrics.on_finished(result)

@@ -12,11 +12,13 @@ and L2-normalises, the order vLLM and OpenAI's ``dimensions`` use.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kvcli.checkpoint.pooling import PoolingParams
 from kvcli.engine.outputs import RequestOutput
-from kvcli.engine.request import Request
+from kvcli.engine.request import Request, RequestStatus
 from kvcli.sampling_params import SamplingParams
 
 
@@ -83,3 +85,14 @@ def finish(req: Request) -> list[float]:
         vector = torch.nn.functional.normalize(vector, p=2.0, dim=0)
     req.pooled = None
     return vector.tolist()
+
+
+def complete(req: Request, now: float) -> RequestStatus:
+    """A request whose whole prompt is pooled: its vector, and how it finishes (a non-finite
+    vector, from damaged weights or an overflow, fails it rather than being written)."""
+    req.first_token_time = now
+    req.embedding = finish(req)
+    if all(math.isfinite(x) for x in req.embedding):
+        return RequestStatus.FINISHED_STOPPED
+    req.error = "non-finite hidden states — damaged weights or an overflow"
+    return RequestStatus.FINISHED_ERROR
