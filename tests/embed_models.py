@@ -16,7 +16,10 @@ INSTRUCTION = "Instruct: Given a question, find the passage that answers it\nQue
 QUERIES = ["What is the capital of France?", "the quick brown fox",
            "Caching the keys and values of a shared prompt prefix saves work",
            "Every morning the fox walked to the river to drink and to watch the fish jump.", "x"]
-TEXTS = [INSTRUCTION + q for q in QUERIES] + ["A language model reads text as tokens.", "Paris"]
+# The last repeats the first: with one-token blocks it hits all but its last token, which then
+# runs alone (the fused NumPy single-token path).
+TEXTS = [INSTRUCTION + q for q in QUERIES] + ["A language model reads text as tokens.", "Paris",
+                                              INSTRUCTION + QUERIES[0]]
 
 
 def headless_st_model(source: Path, path: Path, pooling: str, normalize: bool) -> Path:

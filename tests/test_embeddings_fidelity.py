@@ -15,6 +15,7 @@ pytest.importorskip("sentence_transformers")
 # Block 4: the shared instruction prefix (~44 tokens) spans 11 full blocks, so later lines hit.
 SETTINGS = {
     "caching": dict(block_size=4),
+    "caching-block-1": dict(block_size=1, max_num_seqs=1),  # one at a time: see TEXTS[-1]
     "no-caching": dict(block_size=4, enable_prefix_caching=False),
     "chunked": dict(block_size=4, max_num_batched_tokens=7),
     "preemption": dict(block_size=4, max_num_batched_tokens=20, preempt=True),
@@ -25,6 +26,7 @@ MODELS = {
     "qwen2-headless-cls": ("qwen2", headless_st_model, "cls", False),
     "llama-causal-mean": ("llama", causal_st_model, "mean_tokens", True),
     "llama-causal-last": ("llama", causal_st_model, "lasttoken", False),
+    "llama-headless-mean": ("llama", headless_st_model, "mean", True),
 }
 
 
@@ -53,7 +55,7 @@ def test_equal_to_sentence_transformers(st_models, model, setting) -> None:
     got, stats = kvcli_encode(path, TEXTS, **SETTINGS[setting])
     assert_close(got, ref)
     last = MODELS[model][2] == "lasttoken"
-    if setting in ("caching", "chunked"):
+    if setting in ("caching", "caching-block-1", "chunked"):
         # Last-token pooling reads the shared instruction's blocks; mean and CLS compute every
         # token (their hidden states cannot come from K/V) and so read none.
         assert (stats["cached_tokens"] > 0) == last, stats["cached_tokens"]
