@@ -18,6 +18,9 @@ from kvcli.inputs import LineError, parse_request
 def parse_request_record(value: Any, where: str) -> PromptRequest:
     """Raises LineError on a malformed request."""
     req = parse_request(value)
+    if req.embed is not None:  # its hits depend on the model's pooling (mean reads none)
+        raise LineError(None, "an embeddings line: kvcli audit does not predict embeddings "
+                        "jobs yet (kvcli generate runs them)")
     prompt = req.prompt
     return PromptRequest(
         source=where, id=req.id, text=prompt.text, messages=prompt.messages, tools=prompt.tools,

@@ -189,10 +189,28 @@ class BatchJob:
         if parsed.other_model is not None:
             self._other_model_lines += 1
             self._other_model = self._other_model or (line_no, parsed.other_model)
+        if parsed.embed is not None:
+            self._admit_embedding(seq, parsed)
+            return
         ids = self.encoder.encode_line(parsed, line_no)
         self._fit_max_tokens(parsed.params, len(ids))
         self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
+        self._pending[str(seq)] = (seq, parsed)
+
+    def _admit_embedding(self, seq: int, parsed: LineRequest) -> None:
+        """Every input of the line as one engine request (engine/pooling.py)."""
+        embed = parsed.embed
+        assert embed is not None
+        spec = getattr(self.engine, "embedding", None)
+        if spec is None or not hasattr(self.engine, "add_embedding_request"):
+            raise LineError(f"{parsed.field_prefix}input", "embeddings are not supported by this "
+                            "engine (kvcli generate --ray runs chat and completions lines only)")
+        params = spec.params(embed.dimensions)  # ValueError("dimensions: ...") is the line's
+        inputs = [self.encoder.encode_input(p) for p in embed.inputs]
+        self.engine.add_embedding_request(str(seq), inputs, params, parsed.cache_salt)
+        embed.inputs = []
+        parsed.prompt.text = parsed.prompt.token_ids = None  # free them
         self._pending[str(seq)] = (seq, parsed)
 
     def _forget(self, engine_id: str) -> None:
