@@ -15,8 +15,9 @@ breakpoints when the prefix there is at least the model's minimum.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvcli.audit.prefix_index import token_bytes
 from kvcli.hashing import DEFAULT_BLOCK_SIZE, hash_token_blocks
@@ -80,21 +81,24 @@ class BreakpointRead:
     reachable: int  # longest prefix an earlier request wrote, ignoring the lookback limit
     breakpoints: int  # breakpoints this request has
     written: int = 0  # tokens past the read that this request wrote (billed as cache writes)
+    marks: list[tuple[str, int]] = field(default_factory=list)  # explicit breakpoints: (segment label, token end)
 
 
 class BreakpointCache:
     """Anthropic-style writes and reads at content-block boundaries; with request times, an
     entry lives `ttl` seconds after its last write or read."""
 
-    __slots__ = ("lookback", "ttl", "_written", "unread")
+    __slots__ = ("lookback", "ttl", "_written", "unread", "read_at", "_label")
 
     def __init__(self, lookback: int, ttl: float | None = None) -> None:
         self.lookback = lookback
         self.ttl = ttl
         self._written: dict[bytes, float | None] = {}  # prefix hash -> last write or read
-        # Writes no later request has read yet: prefix hash -> (tokens billed as a write, where).
-        # What is left at the end was paid for at the write price and never used.
-        self.unread: dict[bytes, tuple[int, str]] = {}
+        # Writes no later request has read yet: prefix hash -> (tokens billed as a write, where,
+        # segment label, prompt). What is left at the end was paid for at the write price and never used.
+        self.unread: dict[bytes, tuple[int, str, str, int]] = {}
+        self.read_at: Counter[str] = Counter()  # segment label of the write a read found -> reads
+        self._label: dict[bytes, str] = {}  # prefix hash -> the label of the breakpoint that wrote it
 
     @staticmethod
     def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
@@ -114,7 +118,7 @@ class BreakpointCache:
 
     def step(
         self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int,
-        now: float | None = None, where: Sequence[str] = (),
+        now: float | None = None, where: Sequence[str] = (), labels: Sequence[str] = (), prompt: int = -1,
     ) -> BreakpointRead:
         """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block indexes."""
         hashes = self._prefix_hashes(ids, ends, salt)
@@ -125,6 +129,7 @@ class BreakpointCache:
                     cached = max(cached, ends[j])
                     self._written[hashes[j]] = now  # a read refreshes the entry
                     self.unread.pop(hashes[j], None)
+                    self.read_at[self._label.get(hashes[j], "")] += 1
                     break
         for j in range(len(ends) - 1, -1, -1):
             if self._alive(hashes[j], now):
@@ -135,7 +140,10 @@ class BreakpointCache:
             if ends[b] >= min_tokens:
                 if not self._alive(hashes[b], now):
                     written = max(written, ends[b] - cached)
-                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "")
+                    label = labels[b] if b < len(labels) else ""
+                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "", label,
+                                              prompt)
+                    self._label[hashes[b]] = label
                 self._written[hashes[b]] = now
                 before = max(before, ends[b])
         return BreakpointRead(cached, reachable, len(marked), written)

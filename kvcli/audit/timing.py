@@ -32,6 +32,9 @@ OPENAI_DEFAULT_READ = 0.5
 # Anthropic (docs.anthropic.com/en/docs/about-claude/pricing, 2025): writes 1.25x (5-minute
 # TTL) or 2x (1 hour), reads 0.1x the base input price, for every current model.
 ANTHROPIC_WRITE, ANTHROPIC_READ = 1.25, 0.1
+# OpenAI bills cache writes from the GPT-5.6 family on (1.25x; before it writes were free):
+# developers.openai.com/api/docs/guides/prompt-caching, read 2026-12-02.
+OPENAI_WRITE_PRICED, OPENAI_WRITE = ("gpt-5.6",), 1.25
 PRICES_AS_OF = "2025-08"
 
 # Base input price in US$ per million tokens, by model id prefix (the longest match wins); cached
@@ -153,7 +156,8 @@ class Cost:
         if self.profile == "anthropic":
             return ANTHROPIC_READ, ANTHROPIC_WRITE
         matches = [(len(p), r) for p, r in OPENAI_READ if model and model.startswith(p)]
-        return (max(matches)[1] if matches else OPENAI_DEFAULT_READ), 1.0
+        write = OPENAI_WRITE if model and model.startswith(OPENAI_WRITE_PRICED) else 1.0
+        return (max(matches)[1] if matches else OPENAI_DEFAULT_READ), write
 
     @property
     def relative(self) -> float:

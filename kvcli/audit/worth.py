@@ -107,11 +107,11 @@ def rate_sentence(w: Worth) -> str | None:
 
 
 def unread_writes(w: Worth) -> dict[str, Any] | None:
-    """Anthropic profile: breakpoint writes that were never read."""
-    if w.hits is None or w.hits.profile.hit_model != "breakpoints":
+    """Anthropic, and OpenAI's breakpoint models: breakpoint writes that were never read."""
+    if w.hits is None or not (w.hits.profile.hit_model == "breakpoints" or w.hits.profile.breakpoint_models):
         return None
     unread = list(w.hits.breakpoints.unread.values())
-    return {"writes": len(unread), "tokens": sum(t for t, _ in unread), "first": [where for _, where in unread[:3]]}
+    return {"writes": len(unread), "tokens": sum(u[0] for u in unread), "first": [u[1] for u in unread[:3]]}
 
 
 def dollars_sentence(cost: Any) -> str:
