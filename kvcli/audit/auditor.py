@@ -146,7 +146,10 @@ class Auditor:
 
     def finish(self) -> list[Finding]:
         found = [f for rule in self.rules for f in rule.finish()]
-        return found + unread_findings(self.hits.breakpoints, self.profile, self.ctx)
+        found += unread_findings(self.hits.breakpoints, self.profile, self.ctx)
+        for f in found:  # run-wide findings (one per place) count in the summary as the per-prompt ones
+            self.summary.findings[f.severity] += 1
+        return found
 
     def prefix_groups(self) -> GroupsReport:
         report = prefix_groups(self.index, self.summary.tokens, block_hits=self.profile.hit_model not in ("tokens", "slots"))

@@ -93,7 +93,8 @@ def rate_sentence(w: Worth) -> str | None:
     """Where the prefill rate comes from, or how to get one (engines: a provider's is not ours)."""
     c = w.calibration
     if c is not None:
-        return (f"an estimate, calibrated on {c.date} {c.cpu} ({c.prefill_tok_s:,g} prefill tokens/s, "
+        load = f" at load {c.load_avg[0]:g}" if c.load_avg else ""
+        return (f"an estimate, calibrated on {c.date} {c.cpu} ({c.prefill_tok_s:,g} prefill tokens/s{load}, "
                 f"dtype {c.dtype}, kvcli bench --calibrate; --prefill-tok-s overrides): {TIME_MODEL}")
     if w.rate:
         return f"an estimate at --prefill-tok-s {w.rate:,g}: {TIME_MODEL}"
