@@ -123,3 +123,17 @@ def test_provider_rules_add_or_remove_a_breakpoint_model(tmp_path: Path, value: 
     rules.write_text(json.dumps({"models": {model: {"breakpoints": "yes"}}}))
     bad = run([str(tmp_path / "g.jsonl"), "--profile", "openai", "--provider-rules", str(rules)])
     assert bad.exit_code == 2 and "breakpoints: expected true or false" in bad.output
+
+
+@pytest.mark.parametrize("ttl", [None, "1h"])
+def test_anthropic_one_hour_breakpoints_live_an_hour_and_write_at_2x(tmp_path: Path, ttl: str | None) -> None:
+    marker = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+    system = [{"type": "text", "text": SYSTEM, "cache_control": marker}]
+    rows = [{"model": "claude-sonnet-4-20250514", "created": 1_764_670_000 + 1800 * i, "system": system,
+             "messages": [{"role": "user", "content": f"Question {i}: how?"}]} for i in range(2)]  # 30 min apart
+    doc = _doc(write_jsonl(tmp_path / "h.jsonl", rows), "--profile", "anthropic")
+    cached = [p["cached_tokens"] for p in doc["prompts"]]
+    assert cached[0] == 0 and (cached[1] > 1000) is (ttl == "1h")  # the 5-minute entry expired
+    cost = Cost("anthropic")
+    cost.add("claude-sonnet-4-20250514", 1000, cached=0, written=800, written_long=600)
+    assert cost.usd_cached == pytest.approx((200 + 200 * 1.25 + 600 * 2.0) * 3e-6)

@@ -89,7 +89,8 @@ class HitCounter:
             read.marks = [(prompt.segments[j].label, ends[j]) for j in marked if prompt.segments[j].cache_control]
             cached = read.cached
         if self.cost is not None:
-            self.cost.add(prompt.request.model, len(ids), cached, read.written if read else 0)
+            self.cost.add(prompt.request.model, len(ids), cached, read.written if read else 0,
+                          read.written_long if read else 0)
         return cached, read
 
     def _step(self, prompt: RenderedPrompt, ids: array, ends: list[int], marked: list[int],
@@ -97,8 +98,9 @@ class HitCounter:
         where = [f"{prompt.request.source} {s.label}" for s in prompt.segments]
         # Unread writes are grouped by the explicit breakpoint's place (the automatic one is no choice)
         labels = [s.label if s.cache_control or s.breakpoint else "" for s in prompt.segments]
+        long = {j for j in marked if prompt.segments[j].long_ttl}
         return self.breakpoints.step(ids, ends, marked, prompt.request.cache_salt, min_tokens, prompt.request.time,
-                                     where, labels, prompt.index)
+                                     where, labels, prompt.index, long)
 
     def _openai_points(self, prompt: RenderedPrompt, ids: array, ends: list[int], min_tokens: int) -> BreakpointRead:
         """gpt-5.6 and later: the latest explicit prompt_cache_breakpoints (3, with the implicit one at

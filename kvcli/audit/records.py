@@ -73,6 +73,7 @@ class Segment:
     message: int | None = None  # index into messages
     cache_control: bool = False  # Anthropic breakpoint on this block
     breakpoint: bool = False  # OpenAI prompt_cache_breakpoint on this block
+    long_ttl: bool = False  # the Anthropic breakpoint has {"ttl": "1h"}
 
 
 @dataclass(slots=True)

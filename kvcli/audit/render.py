@@ -32,7 +32,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
 GENERATION_PROMPT = IM_START + "assistant\n"
 MAX_PART_DEPTH = 8
-CACHE_CONTROL, BREAKPOINT = 1, 2  # a block's marks (bits)
+CACHE_CONTROL, BREAKPOINT, LONG_TTL = 1, 2, 4  # a block's marks (bits); LONG_TTL: cache_control ttl "1h"
 T = TypeVar("T")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -162,14 +162,16 @@ class _Builder:
         self.parts.append(text)
         start, self.pos = self.pos, self.pos + len(text)
         self.segments.append(Segment(label, kind, start, self.pos, role, message, bool(marks & CACHE_CONTROL),
-                                     bool(marks & BREAKPOINT)))
+                                     bool(marks & BREAKPOINT), bool(marks & LONG_TTL)))
 
 
 def marks_of(node: Any) -> int:
     """The cache breakpoints a block carries: Anthropic's cache_control, OpenAI's prompt_cache_breakpoint."""
     if not isinstance(node, dict):
         return 0
-    return (CACHE_CONTROL if node.get("cache_control") is not None else 0) | (
+    control = node.get("cache_control")
+    long = LONG_TTL if isinstance(control, dict) and control.get("ttl") == "1h" else 0
+    return (CACHE_CONTROL | long if control is not None else 0) | (
         BREAKPOINT if node.get("prompt_cache_breakpoint") is not None else 0)
 
 
