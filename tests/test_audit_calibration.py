@@ -69,6 +69,8 @@ def test_audit_uses_the_stored_rate_and_names_it(tiny_model_dir: Path, kvcli_hom
     worth = json.loads(hint.stdout)["worth"]
     assert worth["prefill_tok_s"] is None and worth["rate_source"] is None
     assert f"kvcli bench --calibrate --model {model} --dtype float32" in worth["rate_note"]
+    text = run([str(SAMPLES), "--model", model, "--fail-on", "never"]).output
+    assert "── worth" in text and "no prefill time: give --prefill-tok-s RATE, or calibrate" in text
     _stored(tiny_model_dir, 2000.0)
     doc = json.loads(run([str(SAMPLES), "--model", model, "--fail-on", "never", "--format", "json"]).stdout)
     w, tokens = doc["worth"], doc["summary"]["tokens"]

@@ -241,7 +241,9 @@ def _report(
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += timing_lines(auditor.hits, style)
             priced = auditor.hits.cost is not None and bool(auditor.hits.cost.models)
-            lines += worth_lines(worth, style) if worth.rate or priced else []
+            # With --model an engine run is predicted: say what it is worth, or how to calibrate
+            engine = opts.model is not None and auditor.hits.cost is None
+            lines += worth_lines(worth, style) if worth.rate or priced or engine else []
             lines += traffic_lines(traffic, opts.limit, style) if traffic is not None else []
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []
