@@ -84,3 +84,18 @@ def test_audit_uses_the_stored_rate_and_names_it(tiny_model_dir: Path, kvcli_hom
     other = json.loads(run([str(SAMPLES), "--model", model, "--fail-on", "never", "--format", "json",
                             "--dtype", "bfloat16"]).stdout)["worth"]
     assert other["rate_source"] is None and "--dtype bfloat16" in other["rate_note"]  # measured in float32 only
+
+
+def test_trace_replay_uses_the_stored_rate_too(tiny_model_dir: Path, kvcli_home: Path, tmp_path: Path) -> None:
+    from kvcli.bench.audit_trace import TraceShape, generate
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in generate(TraceShape(50, 16), seed=1)))
+    args = [str(trace), "--trace-block-size", "16", "--model", str(tiny_model_dir), "--format", "json"]
+    assert json.loads(run(args).stdout)["worth"]["prefill_tok_s"] is None
+    _stored(tiny_model_dir, 4000.0)
+    worth = json.loads(run(args).stdout)["worth"]
+    assert worth["prefill_tok_s"] == 4000.0 and "calibrated on 2026-12-01" in worth["rate_source"]
+    assert worth["prefill_s_uncached"] > 0
+    text = run(args[:-2]).output
+    assert "at 4,000 tokens/s (calibrated on 2026-12-01" in text
