@@ -128,3 +128,9 @@ def test_tool_calls_round_trip_and_problems_are_named(tmp_path: Path) -> None:
     assert f"{path}:2: no GenAI spans" in result.stderr
     doc = json.loads(run([str(path), "--fail-on", "never", "--format", "json"]).stdout)
     assert doc["summary"]["prompts"] == 1 and len(doc["input_problems"]) == 3  # the readable span is audited
+
+
+def test_fix_refuses_an_export(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "spans.jsonl", [_export([_chat_span(1, "Q?", {})])])
+    result = run([str(path), "--fix", str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 2 and f"{path}:1 is an OpenTelemetry export" in result.output
