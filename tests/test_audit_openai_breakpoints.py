@@ -137,3 +137,30 @@ def test_anthropic_one_hour_breakpoints_live_an_hour_and_write_at_2x(tmp_path: P
     cost = Cost("anthropic")
     cost.add("claude-sonnet-4-20250514", 1000, cached=0, written=800, written_long=600)
     assert cost.usd_cached == pytest.approx((200 + 200 * 1.25 + 600 * 2.0) * 3e-6)
+
+
+def test_segment_token_ends_one_pass_equals_the_search() -> None:
+    """The tiktoken pass over token lengths gives the binary search over char_offset's answer."""
+    from array import array
+
+    from kvcli.audit.counting import segment_token_ends
+    from kvcli.audit.parse import to_request
+    from kvcli.audit.render import render_request
+    from kvcli.audit.tokenizers import load_tokenizer
+
+    tok = load_tokenizer()
+
+    class Search:  # no token_ends: the generic path
+        char_offset = tok.char_offset
+
+    rows = [_row("gpt-5.6", "Grüße — ünïcödé 🎉 日本語 " * 20, question_mark=True),
+            {"messages": [{"role": "system", "content": "a\u0301 " * 50}, {"role": "user", "content": "x" * 999},
+                          {"role": "assistant", "content": "  spaced  \n\n out "}, {"role": "user", "content": "?"}]}]
+    for i, row in enumerate(rows):
+        request = to_request(row, f"r:{i}")
+        assert not isinstance(request, str)
+        prompt = render_request(i, request)  # type: ignore[arg-type]
+        ids = array("I", tok.encode_batch([prompt.text])[0])
+        fast = segment_token_ends(prompt, ids, tok)
+        assert fast == segment_token_ends(prompt, ids, Search()) and fast[-1] <= len(ids)
+        assert fast == sorted(fast) and len(fast) == len(prompt.segments)

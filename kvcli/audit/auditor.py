@@ -223,7 +223,7 @@ class Auditor:
         match = self.index.match(ids, raw, request.cache_salt, hint)
         min_tokens = self.profile.min_tokens_for(request.model)
         if not ends and self.profile.hit_model == "blocks" and self.profile.takes_breakpoints(request.model):
-            ends = segment_token_ends(prompt, ids, self.tokenizer.char_offset)  # OpenAI's breakpoints
+            ends = segment_token_ends(prompt, ids, self.tokenizer)  # OpenAI's breakpoints
         cached, read = self.hits.cached(prompt, ids, ends, match, min_tokens)
         divergence = None
         if match.against is not None:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import Any
 
 from kvcli.audit.disk import with_disk
 from kvcli.audit.hits import (
@@ -21,9 +22,12 @@ from kvcli.audit.slots import SlotCache
 from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 
 
-def segment_token_ends(prompt: RenderedPrompt, ids: array, char_offset: Callable[[str, array, int], int]) -> list[int]:
+def segment_token_ends(prompt: RenderedPrompt, ids: array, tokenizer: Any) -> list[int]:
     """Each segment's end in tokens of the whole prompt's ids: the most tokens whose text ends
     inside it (a token across a boundary counts with the segment after it)."""
+    if hasattr(tokenizer, "token_ends"):  # tiktoken: one pass over the token lengths
+        return tokenizer.token_ends(prompt.text, ids, [s.end for s in prompt.segments])
+    char_offset = tokenizer.char_offset
     ends, low = [], 0
     for segment in prompt.segments:
         lo, hi = low, len(ids)
