@@ -145,6 +145,7 @@ def test_segment_token_ends_one_pass_equals_the_search() -> None:
 
     from kvcli.audit.counting import segment_token_ends
     from kvcli.audit.parse import to_request
+    from kvcli.audit.records import PromptRequest
     from kvcli.audit.render import render_request
     from kvcli.audit.tokenizers import load_tokenizer
 
@@ -158,8 +159,8 @@ def test_segment_token_ends_one_pass_equals_the_search() -> None:
                           {"role": "assistant", "content": "  spaced  \n\n out "}, {"role": "user", "content": "?"}]}]
     for i, row in enumerate(rows):
         request = to_request(row, f"r:{i}")
-        assert not isinstance(request, str)
-        prompt = render_request(i, request)  # type: ignore[arg-type]
+        assert isinstance(request, PromptRequest)
+        prompt = render_request(i, request)
         ids = array("I", tok.encode_batch([prompt.text])[0])
         fast = segment_token_ends(prompt, ids, tok)
         assert fast == segment_token_ends(prompt, ids, Search()) and fast[-1] <= len(ids)
