@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
+
+from kvcli.commands.options import engine_options
 
 WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
@@ -33,10 +36,8 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("--calibrate", is_flag=True,
               help="Measure this machine's prefill and decode rate for --model and --dtype and store "
                    "it (under $KVCLI_HOME/calibration): `kvcli audit --model` then states time saved.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-              help="--calibrate: the `kvcli generate --dtype` to measure [default: float32].")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="Model name or local directory / .gguf file.")
+@engine_options("model", "dtype",
+                notes={"dtype": "Read by --calibrate only (the workloads run float32)."})
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
                    "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
@@ -65,8 +66,8 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
+@engine_options("max_num_batched_tokens",
+                notes={"max_num_batched_tokens": "Also hf-generate-batch's."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -74,7 +75,7 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.pass_context
 def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as_json: bool,
-          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str | None,
+          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str,
           **opts: Any) -> None:
     """Time kvcli and its peers on the same prompts (same token ids), greedy, EOS ignored.
 
@@ -93,11 +94,11 @@ def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as
     from kvcli.bench.suite import BenchConfig, expand_workloads
 
     if calibrate:
-        _calibrate(ctx, workloads, dtype or "float32", as_json, quiet, opts)
+        _calibrate(ctx, workloads, dtype, as_json, quiet, opts)
         return
     if not workloads:
         raise click.UsageError("give --workload NAME (or --calibrate)")
-    if dtype is not None:
+    if ctx.get_parameter_source("dtype") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--dtype is read by --calibrate only (the workloads run float32)")
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
@@ -123,8 +124,6 @@ CALIBRATE_READS = {"model", "threads", "num_prompts", "max_tokens", "seed", "sca
 
 def _calibrate(ctx: click.Context, workloads: tuple[str, ...], dtype: str, as_json: bool, quiet: bool,
                opts: dict[str, Any]) -> None:
-    from click.core import ParameterSource
-
     from kvcli.bench.calibrate import PROMPT_TOKENS, CalibrateConfig, calibrate
     from kvcli.calibration import save_calibration
     from kvcli.checkpoint.resolve import ModelResolveError
