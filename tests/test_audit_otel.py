@@ -134,3 +134,16 @@ def test_fix_refuses_an_export(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "spans.jsonl", [_export([_chat_span(1, "Q?", {})])])
     result = run([str(path), "--fix", str(tmp_path / "out.jsonl")])
     assert result.exit_code == 2 and f"{path}:1 is an OpenTelemetry export" in result.output
+
+
+def test_openinference_llm_spans() -> None:
+    attrs = {"openinference.span.kind": "LLM", "llm.model_name": "gpt-4o-2024-08-06",
+             "llm.input_messages.0.message.role": "system", "llm.input_messages.0.message.content": SYSTEM,
+             "llm.input_messages.1.message.role": "user", "llm.input_messages.1.message.content": "Hi?",
+             "llm.tools.0.tool.json_schema": json.dumps({"type": "function", "function": {"name": "search_docs"}}),
+             "llm.token_count.prompt": 1600, "llm.token_count.prompt_details.cache_read": 1536}
+    [(_, body, usage)] = otel_requests(_export([_span(1, attrs)]), "f")
+    assert isinstance(body, dict) and body["model"] == "gpt-4o-2024-08-06"
+    assert body["messages"] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi?"}]
+    assert body["tools"] == [{"type": "function", "function": {"name": "search_docs"}}]
+    assert usage == Actual(1536, 1600)

@@ -8,7 +8,9 @@ GenAI request when it has a `gen_ai.*` prompt: the current conventions' `gen_ai.
 (`gen_ai.system.message`, `gen_ai.user.message`, ..., `gen_ai.content.prompt`), or the
 `gen_ai.prompt` attribute (a JSON list, or OpenLLMetry's `gen_ai.prompt.N.role/content`);
 messages conversion is otel_messages.py. Names follow the semantic conventions of
-opentelemetry.io/docs/specs/semconv/gen-ai (checked 2026-12-02), older names beside them.
+opentelemetry.io/docs/specs/semconv/gen-ai (checked 2026-12-02), older names beside them, and
+OpenInference's (`openinference.span.kind` LLM: `llm.input_messages.N.message.*`,
+`llm.token_count.prompt_details.cache_read`, `llm.tools.N.tool.json_schema`).
 """
 
 from __future__ import annotations
@@ -19,21 +21,29 @@ from typing import Any
 from kvcli.audit.otel_messages import MessagesError, attributes, span_messages
 from kvcli.audit.traffic import Actual
 
-INPUT = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")  # the second: before v1.27
+# The last of each: OpenInference's (Arize Phoenix) llm.* names, for spans without gen_ai.* ones.
+INPUT = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
 # Cache reads: the current name (included in input_tokens), then older and vendor names.
 CACHE_READ = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
               "gen_ai.usage.input_tokens.cached", "gen_ai.usage.cached_tokens",
-              "gen_ai.usage.cached_input_tokens")
+              "gen_ai.usage.cached_input_tokens", "gen_ai.usage.cache_read_tokens",
+              "llm.token_count.prompt_details.cache_read")
 CACHE_WRITE = ("gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_creation_input_tokens",
-               "gen_ai.usage.cache_write.input_tokens")
-MODEL = ("gen_ai.request.model", "gen_ai.response.model")
+               "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_write_tokens",
+               "llm.token_count.prompt_details.cache_write")
+MODEL = ("gen_ai.request.model", "gen_ai.response.model", "llm.model_name")
+
+
+def is_llm_span(attrs: dict[str, Any]) -> bool:
+    """GenAI semantic conventions (gen_ai.*), or an OpenInference LLM span."""
+    return attrs.get("openinference.span.kind") == "LLM" or any(k.startswith("gen_ai.") for k in attrs)
 
 
 def is_otel(value: Any) -> bool:
     """An OTLP export, or one span with GenAI attributes."""
     if isinstance(value, dict) and isinstance(value.get("resourceSpans"), list):
         return True
-    return _is_span(value) and any(k.startswith("gen_ai.") for k in attributes(value.get("attributes")))
+    return _is_span(value) and is_llm_span(attributes(value.get("attributes")))
 
 
 def _is_span(value: Any) -> bool:
@@ -101,7 +111,7 @@ def otel_requests(value: Any, where: str) -> Iterator[tuple[str, dict[str, Any] 
     seen = 0
     for i, span in enumerate(_spans(value)):
         attrs = attributes(span.get("attributes"))
-        if not any(k.startswith("gen_ai.") for k in attrs):
+        if not is_llm_span(attrs):
             continue  # an HTTP or database span of the same trace
         seen += 1
         name = _span_id(span) or str(i)
@@ -127,4 +137,5 @@ def otel_requests(value: Any, where: str) -> Iterator[tuple[str, dict[str, Any] 
             request["created"] = t
         yield here, request, actual_of(attrs)
     if not seen:
-        yield where, "no GenAI spans (no gen_ai.* attributes) in this OpenTelemetry export", None
+        yield where, ("no GenAI spans (no gen_ai.* attributes, no OpenInference LLM span) in this "
+                      "OpenTelemetry export"), None

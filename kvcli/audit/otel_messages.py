@@ -17,7 +17,9 @@ from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 EVENT_ROLES = {f"gen_ai.{r}.message": r for r in ("system", "user", "assistant", "tool")}
-FLAT = re.compile(r"gen_ai\.prompt\.(\d+)\.(role|content)$")
+# OpenLLMetry's gen_ai.prompt.N.role/content; OpenInference's llm.input_messages.N.message.role/content
+FLAT = re.compile(r"(?:gen_ai\.prompt|llm\.input_messages)\.(\d+)\.(?:message\.)?(role|content)$")
+TOOL_SCHEMA = re.compile(r"llm\.tools\.(\d+)\.tool\.json_schema$")  # OpenInference
 
 
 class MessagesError(ValueError):
@@ -107,10 +109,14 @@ def _input_messages(attrs: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _tools(attrs: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """`gen_ai.tool.definitions` ({type, name, description, parameters}) in chat's nested form."""
+    """`gen_ai.tool.definitions` ({type, name, description, parameters}) in chat's nested form;
+    else OpenInference's `llm.tools.N.tool.json_schema`."""
     raw = attrs.get("gen_ai.tool.definitions")
     if raw is None:
-        return None
+        found = sorted((int(m.group(1)), v) for k, v in attrs.items() if (m := TOOL_SCHEMA.match(k)))
+        if not found:
+            return None
+        raw = [_json(v, f"llm.tools.{i}.tool.json_schema") for i, v in found]
     tools = _json(raw, "gen_ai.tool.definitions")
     if not isinstance(tools, list):
         raise MessagesError("gen_ai.tool.definitions: expected a list")
