@@ -93,7 +93,8 @@ def test_findings_not_offered_below_minimum_too_many_and_unread(tmp_path: Path) 
     assert any(p == 4 and "below gpt-5.6's minimum cacheable prefix of 1,024 tokens" in m for p, m in found)
     assert any(p == 5 and "5 prompt_cache_breakpoint markers; OpenAI writes only the latest 3" in m for p, m in found)
     [unread] = [m for p, m in found if "after per-request content" in m]
-    assert "at messages[1] user, 3 requests wrote" in unread  # the system marker was read: no finding
+    # the system marker was read: no finding; the last question's write: no later request had its prefix
+    assert "at messages[1] user, 2 requests wrote" in unread
     assert doc["worth"]["unread_writes"]["writes"] >= 3
     usd = doc["worth"]["usd"]
     assert usd["cached"] > 0 and "gpt-5.6" in usd["models"]
@@ -107,7 +108,30 @@ def test_anthropic_breakpoint_after_per_request_content_is_a_finding(tmp_path: P
         for i in range(3)]
     doc = _doc(write_jsonl(tmp_path / "f.jsonl", rows), "--profile", "anthropic")
     [(prompt, message)] = [(p, m) for p, m in _findings(doc) if "after per-request content" in m]
-    assert prompt == 0 and "at messages[0] user, 3 requests wrote" in message
+    assert prompt == 0 and "at messages[0] user, 2 requests wrote" in message
+
+
+def test_a_conversations_last_turn_is_not_after_per_request_content(tmp_path: Path) -> None:
+    """The recommended pattern: a breakpoint on each turn's last user message. Every turn's write is
+    read by the next one; the last turn's write is never read, but no later request had its prefix."""
+    marker = {"type": "ephemeral"}
+
+    def turn(session: str, n: int) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        for k in range(n):
+            if k:
+                messages.append({"role": "assistant", "content": f"Answer {k} in {session}."})
+            last = k == n - 1
+            messages.append({"role": "user", "content": [{"type": "text", "text": f"{session} question {k}?",
+                                                           **({"cache_control": marker} if last else {})}]})
+        return {"model": "claude-sonnet-4-20250514", "session_id": session, "messages": messages,
+                "system": [{"type": "text", "text": SYSTEM, "cache_control": marker}]}
+
+    rows = [turn(s, n) for n in (1, 2, 3) for s in ("a", "b")]
+    doc = _doc(write_jsonl(tmp_path / "conv.jsonl", rows), "--profile", "anthropic")
+    assert all(p["cached_tokens"] > 1000 for p in doc["prompts"][1:])
+    assert doc["worth"]["unread_writes"]["writes"] == 2  # the two conversations' last turns
+    assert not [m for _, m in _findings(doc) if "after per-request content" in m]
 
 
 @pytest.mark.parametrize("value", [True, False])

@@ -91,7 +91,7 @@ class BreakpointCache:
     """Anthropic-style writes and reads at content-block boundaries; with request times, an
     entry lives `ttl` seconds after its last write or read."""
 
-    __slots__ = ("lookback", "ttl", "_written", "unread", "read_at", "_label", "_long")
+    __slots__ = ("lookback", "ttl", "_written", "unread", "read_at", "_label", "_long", "_pending", "shared_before")
 
     def __init__(self, lookback: int, ttl: float | None = None) -> None:
         self.lookback = lookback
@@ -103,6 +103,10 @@ class BreakpointCache:
         self.read_at: Counter[str] = Counter()  # segment label of the write a read found -> reads
         self._label: dict[bytes, str] = {}  # prefix hash -> the label of the breakpoint that wrote it
         self._long: set[bytes] = set()  # entries written by a 1-hour breakpoint (cache_control ttl "1h")
+        # An unread write's prefix up to the part it marks -> those writes; when a later request has
+        # that prefix too, the write is in `shared_before`: the marked part is what differs.
+        self._pending: dict[bytes, list[bytes]] = {}
+        self.shared_before: set[bytes] = set()
 
     @staticmethod
     def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
@@ -129,6 +133,9 @@ class BreakpointCache:
         """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block
         indexes; `long`: those with a 1-hour TTL."""
         hashes = self._prefix_hashes(ids, ends, salt)
+        for h in hashes:
+            if h in self._pending:
+                self.shared_before.update(self._pending.pop(h))
         cached = reachable = written = written_long = 0
         for b in marked:
             for j in range(b, max(-1, b - self.lookback), -1):
@@ -153,6 +160,8 @@ class BreakpointCache:
                     self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "", label,
                                               prompt)
                     self._label[hashes[b]] = label
+                    if label and b > 0:
+                        self._pending.setdefault(hashes[b - 1], []).append(hashes[b])
                 self._written[hashes[b]] = now
                 if b in long:
                     self._long.add(hashes[b])

@@ -17,6 +17,7 @@ from typing import Any
 from kvcli.audit.profiles import OPENAI_BREAKPOINTS_AS_OF, Profile
 from kvcli.audit.records import Finding
 from kvcli.audit.rules.base import AuditContext, PromptView, Rule
+from kvcli.audit.style import plural
 
 FIX_COUNT = "Use at most 4 cache_control breakpoints per request (automatic caching takes one of them)."
 FIX_LOOKBACK = (
@@ -96,20 +97,23 @@ class Breakpoints(Rule):
 
 
 def unread_findings(cache: Any, profile: Profile, ctx: AuditContext) -> list[Finding]:
-    """Explicit breakpoints at one place (segment label) that wrote in two or more requests and
-    were never read there: a breakpoint after per-request content."""
+    """A breakpoint after per-request content: explicit breakpoints at one place (segment label),
+    in two or more requests, never read there, whose prefix up to the part they mark a later request had as well (so the
+    marked part is what differs; a conversation's last turn, which no later request extends, is
+    not one)."""
     by_label: dict[str, list[tuple[int, str, str, int]]] = defaultdict(list)
-    for entry in cache.unread.values():
-        if entry[2]:
+    for key, entry in cache.unread.items():
+        if entry[2] and key in cache.shared_before:
             by_label[entry[2]].append(entry)
     found = []
     for label, entries in by_label.items():
-        if len(entries) < 2 or cache.read_at[label]:
+        if len(entries) < 2 or cache.read_at[label]:  # a pattern of the input, not a one-off
             continue
         first = min(entries, key=lambda e: e[3])
         tokens = sum(e[0] for e in entries)
-        message = (f"a breakpoint after per-request content: at {label}, {len(entries)} requests wrote "
-                   f"{tokens:,} tokens (billed as cache writes) that no later request read; first {first[1]}")
+        message = (f"a breakpoint after per-request content: at {label}, {plural(len(entries), 'request')} wrote "
+                   f"{tokens:,} tokens (billed as cache writes) that no later request read, though later requests "
+                   f"had the prompt up to it; first {first[1]}")
         found.append(Finding("cache-breakpoints", "warning", first[3], None, message, FIX_UNREAD,
                              prompt_id=ctx.id_of(first[3]), segment=label, count=len(entries)))
     return found
