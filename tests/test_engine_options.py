@@ -30,7 +30,7 @@ COMMAND_OPTIONS = {
     "generate": set(ALL_ENGINE_OPTIONS),
     "serve": set(ALL_ENGINE_OPTIONS),
     "perplexity": {"model", "quantization", "max_num_batched_tokens", "dtype", "device"},
-    "bench": {"model", "max_num_batched_tokens"},
+    "bench": {"model", "max_num_batched_tokens", "dtype"},  # dtype: --calibrate's
 }
 
 

@@ -26,7 +26,8 @@ URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, EMBEDDINGS_URL)
 BODY_SAMPLING = tuple(n for n in SAMPLING_FIELDS if n != "logprobs")
 # Accepted and ignored: they do not change what a single offline completion computes.
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
-            "tool_choice", "parallel_tool_calls", "prompt_cache_key", "session_id")
+            "tool_choice", "parallel_tool_calls", "prompt_cache_key", "session_id",
+            "prompt_cache_options", "prompt_cache_retention")
 _COMMON = (*BODY_SAMPLING, *_IGNORED, "max_completion_tokens", "cache_salt", "logprobs")
 CHAT_FIELDS = (*_COMMON, "messages", "tools", "top_logprobs", "response_format",
                "chat_template_kwargs")
