@@ -15,12 +15,15 @@ import jsonschema
 import pytest
 import torch
 from openai.types.chat import ChatCompletion
-from test_batch_parse import chat_line
+from test_batch_parse import chat_line, ok
 from test_reasoning import SCHEMA, _run, thinking_model  # noqa: F401  (a fixture)
 
+from kvcli.batch.encode import PromptEncoder
+from kvcli.batch.records import LineError
 from kvcli.engine.llm import LLM
 from kvcli.engine.request import Request
 from kvcli.engine.structured_decoding import allow_token
+from kvcli.reasoning import PARSERS
 from kvcli.sampling_params import SamplingParams
 from kvcli.structured import StructuredOutputsParams
 
@@ -90,16 +93,16 @@ def test_the_first_token_decides_where_the_grammar_starts(qwen3):
     """First token: the grammar's first tokens and <think>. After <think>: free until
     </think>, then the grammar from its start; after a grammar token: the grammar goes on.
     A matcher out of step (a recomputed request) is rebuilt from the output tokens."""
-    tok, think, end, fox = qwen3.tok, qwen3.think, qwen3.end, qwen3.word
+    tok, think, end, word = qwen3.tok, qwen3.think, qwen3.end, qwen3.word
     engine = LLM(str(qwen3.path), block_size=4).engine
     params = SamplingParams(structured_outputs=JSON)
     grammar = engine._grammar(params).result()
     brace = tok.encode("{", add_special_tokens=False)[0]
 
-    def masked(*output: int, fresh: bool = True, opener: int | None = think) -> set[int]:
+    def masked(*output: int, opener: int | None = think) -> set[int]:
+        """The mask after ``output``, from a new matcher: rebuilt from the tokens."""
         req = Request("r", [5], params)
-        if fresh:
-            engine.structured.add("r", grammar, [end] if opener else None, opener)
+        engine.structured.add("r", grammar, [end] if opener else None, opener)
         for token in output:
             req.append_output_token(token)
         logits = torch.zeros(1, engine.vocab_size)
@@ -110,8 +113,8 @@ def test_the_first_token_decides_where_the_grammar_starts(qwen3):
     assert think not in plain and brace in plain
     assert masked() == plain | {think}
     everything = set(range(engine.vocab_size))
-    assert masked(think) == masked(think, fox, brace) == everything  # the reasoning is free
-    assert masked(think, fox, end) == plain and masked(think, end, brace) == plain_after_brace
+    assert masked(think) == masked(think, word, brace) == everything  # the reasoning is free
+    assert masked(think, word, end) == plain and masked(think, end, brace) == plain_after_brace
     assert masked(brace) == plain_after_brace  # no reasoning: the whole reply is the grammar
     engine.structured.forget("r")
 
@@ -132,14 +135,14 @@ def test_both_branches_survive_preemption_and_caching(qwen3, config):
     assert llms[1].engine.stats()["preemptions"] > 0 or "num_blocks" not in config
     assert [[c.token_ids for c in o.outputs] for o in runs[0]] \
         == [[c.token_ids for c in o.outputs] for o in runs[1]]
-    opened = {c.token_ids[0] == m.think for o in runs[0] for c in o.outputs}
-    assert opened == {True, False}
-    for out in runs[0]:
-        for c in out.outputs:
-            answer = c.token_ids[c.token_ids.index(m.end) + 1:] if c.token_ids[0] == m.think \
-                else c.token_ids
-            if c.finish_reason == "stop":
-                jsonschema.validate(json.loads(tok.decode(answer, skip_special_tokens=True)), SCHEMA)
+    stopped = {True: 0, False: 0}  # answers that ended by their grammar, by branch
+    for c in (c for out in runs[0] for c in out.outputs):
+        opened = c.token_ids[0] == m.think
+        answer = c.token_ids[c.token_ids.index(m.end) + 1:] if opened else c.token_ids
+        if c.finish_reason == "stop":
+            stopped[opened] += 1
+            jsonschema.validate(json.loads(tok.decode(answer, skip_special_tokens=True)), SCHEMA)
+    assert all(stopped.values()), stopped
 
 
 def test_generate_follows_the_models_choice(qwen3):
@@ -188,3 +191,35 @@ def test_generate_follows_the_models_choice(qwen3):
     assert tool["finish_reason"] == "tool_calls", tool
     call = tool["message"]["tool_calls"][0]["function"]
     assert call["name"] == "alarm" and set(json.loads(call["arguments"])) == {"urgent"}
+
+
+class _Tokenizer:
+    """Qwen3's prompt end; <think> one token (7), </think> (8), <think> shown or skipped."""
+
+    def __init__(self, shown: bool) -> None:
+        self.shown = shown
+
+    def apply_chat_template(self, messages, **kw):
+        return "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+    def encode(self, text, add_special_tokens=False):
+        return {"<think>": [7], "</think>": [8]}.get(text, [1, 2, 3])
+
+    def decode(self, ids):
+        return "<think>" if self.shown and list(ids) == [7] else ""
+
+
+def test_think_must_be_one_token_the_text_shows():
+    """The choice is offered only where the reply's text shows <think> (the split reads the
+    text): a special <think>, skipped in the text, keeps the line's error."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "response_format": {
+        "type": "json_object"}}
+    for shown in (True, False):
+        req = ok(chat_line(body))
+        encoder = PromptEncoder(_Tokenizer(shown), 64, 10, reasoning=PARSERS["qwen3"])
+        if shown:
+            assert encoder.encode_line(req) == [1, 2, 3]
+            assert (req.params.structured_opener, req.params.structured_after) == (7, [8])
+            continue
+        with pytest.raises(LineError, match=r"one token its text shows \(shown as ''\)"):
+            encoder.encode_line(req)
