@@ -74,6 +74,11 @@ def qwen3(thinking_model, tmp_path_factory):  # noqa: F811
     return Model(path, tok, *ids, tok.encode("fox")[0])
 
 
+@pytest.fixture(scope="module")
+def llm(qwen3):
+    return LLM(str(qwen3.path), block_size=4)
+
+
 def _allowed(logits: torch.Tensor, row: int) -> set[int]:
     return set(torch.nonzero(logits[row] > -math.inf).flatten().tolist())
 
@@ -89,12 +94,12 @@ def test_allow_token_sets_the_sign_bit_word_too():
         assert _allowed(logits, 0) == {token}
 
 
-def test_the_first_token_decides_where_the_grammar_starts(qwen3):
+def test_the_first_token_decides_where_the_grammar_starts(qwen3, llm):
     """First token: the grammar's first tokens and <think>. After <think>: free until
     </think>, then the grammar from its start; after a grammar token: the grammar goes on.
     A matcher out of step (a recomputed request) is rebuilt from the output tokens."""
     tok, think, end, word = qwen3.tok, qwen3.think, qwen3.end, qwen3.word
-    engine = LLM(str(qwen3.path), block_size=4).engine
+    engine = llm.engine
     params = SamplingParams(structured_outputs=JSON)
     grammar = engine._grammar(params).result()
     brace = tok.encode("{", add_special_tokens=False)[0]
@@ -117,6 +122,22 @@ def test_the_first_token_decides_where_the_grammar_starts(qwen3):
     assert masked(think, word, end) == plain and masked(think, end, brace) == plain_after_brace
     assert masked(brace) == plain_after_brace  # no reasoning: the whole reply is the grammar
     engine.structured.forget("r")
+
+
+def test_samples_choose_apart_and_logprobs_see_both_choices(qwen3, llm):
+    """n > 1: each sample makes its own choice; the first token's logprobs are of the grammar's
+    first token ("{": no whitespace) and <think> only, their mass 1."""
+    brace = qwen3.tok.encode("{", add_special_tokens=False)[0]
+    prompt = qwen3.tok.encode("The quick brown fox jumps", add_special_tokens=False)
+    out = llm.generate([prompt], qwen3.params(-2, temperature=1.0, seed=3, n=6, logprobs=3))[0]
+    assert {c.token_ids[0] for c in out.outputs} == {brace, qwen3.think}, "pick another seed"
+    first = out.outputs[0].logprobs[0]
+    assert set(first) == {brace, qwen3.think}
+    assert sum(math.exp(v) for v in first.values()) == pytest.approx(1, abs=1e-5)
+    for c in out.outputs:
+        answer = c.text if c.token_ids[0] == brace else c.text.partition("</think>")[2]
+        assert c.finish_reason == "stop" and json.loads(answer) in ({"urgent": True},
+                                                                  {"urgent": False})
 
 
 @pytest.mark.parametrize("config", [dict(enable_prefix_caching=False),
