@@ -155,8 +155,16 @@ _ENGINE_OPTIONS = [
     click.option("--scheduling", type=click.Choice(["fcfs", "cache-aware"]), default="fcfs",
                  show_default=True, help="cache-aware admits requests sharing a prefix together."),
     click.option("--device", default="cpu", show_default=True),
-    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-                 default="float32", show_default=True),
+    click.option("--precision", type=click.Choice(["exact", "fast"]), default="exact",
+                 show_default=True,
+                 help="exact: float32, greedy outputs equal transformers'; fast: the fastest "
+                      "measured combination on this CPU (bfloat16 weights where it has AMX-BF16 "
+                      "or AVX512_BF16, else float32); --stats names the choice."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "auto"]),
+                 help="Matmul weights' dtype; activations, norms, softmax, sampling and the KV "
+                      "cache stay float32 on the CPU. Refused where the CPU has no native "
+                      "bfloat16 / float16; auto: the checkpoint's where fast. Overrides "
+                      "--precision's choice. Default: the precision's (exact: float32)."),
     click.option("--allow-pickle", is_flag=True,
                  help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
     click.option("--quantization", type=click.Choice(["int8", "gguf"]),
@@ -306,6 +314,7 @@ def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
         "max_num_seqs": opts["max_num_seqs"],
         "enable_prefix_caching": not opts["no_prefix_caching"],
         "scheduling": opts["scheduling"], "device": opts["device"], "dtype": opts["dtype"],
+        "precision": opts["precision"],
         "allow_pickle": opts["allow_pickle"], "seed": opts["seed"], "quiet": opts["quiet"],
         "kv_cache_dir": opts["kv_cache_dir"],
         "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],

@@ -23,8 +23,10 @@ import click
               help="Tokens per window; the second half of each window is scored.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
               show_default=True, help="Token budget of one engine step.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              default="float32", show_default=True)
+@click.option("--precision", type=click.Choice(["exact", "fast"]), default="exact",
+              show_default=True, help="As `kvcli generate --precision`.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "auto"]),
+              help="Matmul weights' dtype, as `kvcli generate --dtype` (overrides --precision).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
@@ -44,29 +46,33 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.UsageError(str(err)) from None
     try:
-        result = _measure(text, opts)
+        result, precision = _measure(text, opts)
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
     doc = {"file": text_file, "model": opts["model"],
-           "quantization": opts["quantization"] or "none", **result.to_dict()}
+           "quantization": opts["quantization"] or "none", "precision": precision,
+           **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"{text_file}: {doc['text_tokens']} tokens, {doc['windows']} windows of "
                f"{doc['context']}, {doc['tokens_scored']} scored in {doc['seconds']:.1f} s")
     click.echo(f"PPL = {doc['ppl']:.4f} +/- {doc['ppl_error']:.5f}  "
-               f"(model {doc['model']}, quantization {doc['quantization']})")
+               f"(model {doc['model']}, quantization {doc['quantization']}, "
+               f"{doc['precision']})")
 
 
-def _measure(text: str, opts: dict[str, Any]) -> Any:
+def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str]:
+    """The perplexity and the precision the engine ran at (Backend.precision_label)."""
     from kvcli.bench.perplexity import perplexity
     from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
     config = EngineConfig(model=opts["model"], quantization=opts["quantization"],
                           max_num_batched_tokens=opts["max_num_batched_tokens"],
-                          dtype=opts["dtype"], device=opts["device"])
+                          dtype=opts["dtype"], precision=opts["precision"],
+                          device=opts["device"])
     try:
         engine = LLMEngine.from_config(config)
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
         raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
-    return perplexity(engine, text, opts["context"])
+    return perplexity(engine, text, opts["context"]), engine.runner.backend.precision_label

@@ -21,7 +21,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling: str = "fcfs"  # or "cache-aware"
     device: str = "cpu"
-    dtype: str = "float32"
+    # The matmul weights' dtype (float32, bfloat16, float16, auto; kvcli/model/precision.py);
+    # None: the precision preset's choice. On the CPU activations and the KV cache stay float32.
+    dtype: str | None = None
+    precision: str = "exact"  # exact (float32, greedy = transformers) | fast (this CPU's best)
     allow_pickle: bool = False
     seed: int = 0
     quiet: bool = False  # no model conversion or download progress on stderr

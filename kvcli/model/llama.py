@@ -22,7 +22,7 @@ from kvcli.model.decoder import (
 )
 from kvcli.model.layers import Linear, RotaryEmbedding, install_routes
 from kvcli.model.numpy_decode import NumpyDecoder
-from kvcli.model.platform import detect_platform
+from kvcli.model.platform import compute_dtype, detect_platform
 from kvcli.model.routes import KernelRoutes, select_routes
 
 Device = torch.device | str
@@ -106,9 +106,11 @@ class LlamaForCausalLM(nn.Module):
         windows = self.sliding_windows(cfg)
         layer_spec = self.layer_spec(cfg)
         specs = [self.attention_spec(cfg, i, windows[i]) for i in range(cfg.num_layers)]
-        # Chosen once for the model (the KV cache takes the model's dtype): which attention
-        # backend every layer runs, and which kernels its matmuls, norms and RoPE take.
-        self.platform = detect_platform(device, dtype)
+        # Chosen once for the model (the KV cache takes the dtype it computes in): which
+        # attention backend every layer runs, and which kernels its matmuls, norms and RoPE
+        # take. On the CPU only the loader's matmul weights take a narrower ``dtype``.
+        self.platform = detect_platform(device, compute_dtype(device, dtype), weights=dtype)
+        dtype = self.platform.kv_dtype
         self.routes: KernelRoutes = select_routes(self.platform)
         self.attention_backend: AttentionBackend = select_attention_backend(
             self.platform, [spec.attention for spec in specs])

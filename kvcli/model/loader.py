@@ -185,7 +185,9 @@ def load_model(
     model_dir = Path(model_dir)
     model = build_model(read_model_config(model_dir), dtype, device)
     if torch.device(device).type == "cpu":
-        use_input_major_layout(model, copy=False)  # before loading: weights go straight in
+        # Before loading: weights go straight in, in the dtype the model multiplies them in.
+        weights = getattr(getattr(model, "platform", None), "weights", torch.float32)
+        use_input_major_layout(model, copy=False, weights=weights)
     load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
     if hasattr(model, "enable_fast_decode"):
         model.enable_fast_decode()
