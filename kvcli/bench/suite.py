@@ -11,7 +11,10 @@ from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED)
+# kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
+PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED,
+         *PRECISION_PEERS)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -32,6 +35,8 @@ class BenchConfig:
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
+    precision: str = "exact"  # kvcli's own row (the reference): --precision and --dtype
+    dtype: str | None = None
 
 
 def parse_compare(value: str) -> list[str]:
@@ -59,10 +64,9 @@ def expand_workloads(names: list[str]) -> list[str]:
 
 def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> list[Any]:
     from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
-    from kvcli.bench.systems import KvcliSystem
 
     progress(f"loading kvcli engine ({model_dir})")
-    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens)
+    kvcli = _load_kvcli(str(model_dir), cfg, None, cfg.precision, cfg.dtype)
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
@@ -77,9 +81,24 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
                                                  cfg.max_num_batched_tokens))
         elif name in QUANTIZED:
             systems.append(load_quantized(name, model_dir, cfg))
+        elif name in PRECISION_PEERS:
+            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name]))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
+
+
+def _load_kvcli(model_dir: str, cfg: BenchConfig, name: str | None, precision: str,
+                dtype: str | None) -> Any:
+    """kvcli's engine at ``precision`` / ``dtype`` (``name`` None: kvcli's own row)."""
+    from kvcli.bench.systems import KVCLI, KvcliSystem
+
+    try:
+        return KvcliSystem.load(model_dir, cfg.max_num_batched_tokens, None, name or KVCLI,
+                                precision, dtype)
+    except ValueError as err:  # PrecisionError: e.g. bfloat16 on a CPU without it
+        flag = f"--compare {name}" if name else "--precision / --dtype"
+        raise BenchConfigError(f"{flag}: {err}") from None
 
 
 def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:

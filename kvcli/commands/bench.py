@@ -33,8 +33,10 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Model name or local directory / .gguf file.")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
-                   "their greedy agreement with float32 is reported) ('none' for kvcli alone).")
+                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
+                   "kvcli-bf16, kvcli-fast (kvcli at --dtype bfloat16 / --precision fast): "
+                   "the inexact ones' greedy agreement with kvcli is reported ('none' for "
+                   "kvcli alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
@@ -61,6 +63,13 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate-batch: tokens per page of its paged cache.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
               show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
+@click.option("--precision", type=click.Choice(["exact", "fast"]), default="exact",
+              show_default=True,
+              help="kvcli's own row (the reference the others are compared with), as "
+                   "`kvcli generate --precision`; --compare kvcli-fast / kvcli-bf16 instead "
+                   "measure those against kvcli's float32 in the same run.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "auto"]),
+              help="kvcli's own row's matmul weights, as `kvcli generate --dtype`.")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
