@@ -109,12 +109,13 @@ class LLMEngine:
         from kvcli.model.precision import resolve_precision
         from kvcli.tokenizer import Tokenizer
 
-        precision = resolve_precision(config.precision, config.dtype, config.device)
+        precision = resolve_precision(config.precision, config.dtype, config.device,
+                                      quantization=config.quantization)
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
                                        quiet=config.quiet, quantization=config.quantization))
         if config.dtype == "auto":  # the checkpoint's dtype, where it is fast here
             precision = resolve_precision(config.precision, "auto", config.device,
-                                          checkpoint_dtype(model_dir))
+                                          checkpoint_dtype(model_dir), config.quantization)
         dtype = getattr(torch, precision.weights)
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other

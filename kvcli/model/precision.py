@@ -73,9 +73,13 @@ def check_dtype(dtype: str, device: str) -> None:
         "(use --dtype float32 or --precision fast)")
 
 
-def fast_choice(device: str) -> Precision:
+def fast_choice(device: str, quantization: str | None = None) -> Precision:
     """The fastest measured combination on this machine: the one place ``--precision fast`` is
-    decided (the integer kernels join here when they land)."""
+    decided (the integer kernels join here when they land). Quantized weights
+    (``--quantization``) are their own format: fast keeps their float32 activations."""
+    if quantization:
+        return Precision("fast", "float32", f"--quantization {quantization}: its weights, "
+                         "float32 activations")
     if not _is_cpu(device):
         return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
     if _has("bfloat16", _FAST, cpu_flags()):
@@ -86,7 +90,8 @@ def fast_choice(device: str) -> Precision:
 
 
 def resolve_precision(preset: str, dtype: str | None, device: str,
-                      checkpoint_dtype: str | None = None) -> Precision:
+                      checkpoint_dtype: str | None = None,
+                      quantization: str | None = None) -> Precision:
     """The engine's precision: ``preset`` (exact, fast) for whatever ``dtype`` does not fix.
 
     An explicit ``dtype`` overrides the preset's weights (then the preset is reported as
@@ -99,13 +104,13 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
                              f"got {preset!r}")
     if dtype is None:
         if preset == "fast":
-            return fast_choice(device)
+            return fast_choice(device, quantization)
         return Precision("exact", "float32", "greedy outputs equal transformers' float32")
     reason = f"--dtype {dtype}"
     if dtype == "auto":
         dtype, reason = _auto(device, checkpoint_dtype)
     check_dtype(dtype, device)
-    chosen = resolve_precision(preset, None, device)
+    chosen = resolve_precision(preset, None, device, quantization=quantization)
     if chosen.weights == dtype:
         return chosen
     return Precision("custom", dtype, f"{reason}, over --precision {preset}'s {chosen.weights}")
