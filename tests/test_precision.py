@@ -12,6 +12,7 @@ from kvcli.cli import main
 from kvcli.engine.kv_disk import weights_form
 from kvcli.engine.llm import LLM
 from kvcli.model import large_gemm, precision
+from kvcli.model.packed import PackedWeight
 from kvcli.model.precision import PrecisionError, fast_choice, resolve_precision
 from kvcli.sampling_params import SamplingParams
 
@@ -90,9 +91,11 @@ def test_bfloat16_weights_with_float32_activations_agree_with_float32(tiny_model
     assert model.model.norm.weight.dtype == torch.float32
     assert bf16.engine.runner.kv_cache.dtype == torch.float32  # the KV cache stays float32
     assert "bfloat16 weights" in bf16.engine.runner.backend.describe()["matmul"]
-    # The weights are the checkpoint's rounded to bfloat16, not anything else.
+    # The weights are the checkpoint's rounded to bfloat16 (packed once for oneDNN), no other.
     ref = f32.engine.model.model.layers[0].self_attn.qkv_proj.weight
-    assert torch.equal(linear.weight, ref.to(torch.bfloat16))
+    assert isinstance(linear.weight, PackedWeight)
+    assert torch.equal(linear.weight.dense(), ref.to(torch.bfloat16))
+    assert torch.equal(model.logits_weight.dense(), model.model.embed_tokens.weight)  # tied
     ids = torch.tensor(PROMPTS[1])
     h32 = f32.engine.model.model.embed_tokens(ids) @ ref.t()
     h16 = model.routes.linear(model.model.embed_tokens(ids), linear.weight)

@@ -147,6 +147,7 @@ class LlamaForCausalLM(nn.Module):
         return None if None in windows else max(windows)
 
     _numpy_decoder: NumpyDecoder | None = None
+    logits_weight: object | None = None  # model/packed.py's PackedWeight of a tied embedding
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
@@ -188,6 +189,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.logits_weight is not None:  # a packed copy of a tied embedding (packed.py)
+            weight = self.logits_weight
         logits = self.routes.linear(hidden, weight)
         if self.logits_div is not None:  # Granite's logits_scaling
             logits = logits / self.logits_div
