@@ -81,26 +81,31 @@ def test_exact_is_unchanged_float32(tiny_models):
     assert all(p.dtype == torch.float32 for p in exact.engine.model.parameters())
 
 
-@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bfloat16")
-def test_bfloat16_weights_with_float32_activations_agree_with_float32(tiny_models):
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_narrow_weights_with_float32_activations_agree_with_float32(tiny_models, name):
+    needs = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+    if not set(needs[name]) & precision.cpu_flags():
+        pytest.skip(f"this CPU has no native {name}")
+    dtype = getattr(torch, name)
     f32 = LLM(str(tiny_models["llama"]))
-    bf16 = LLM(str(tiny_models["llama"]), dtype="bfloat16")
+    bf16 = LLM(str(tiny_models["llama"]), dtype=name)
     model = bf16.engine.model
     linear = model.model.layers[0].self_attn.qkv_proj
-    assert linear.weight.dtype == torch.bfloat16 and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert linear.weight.dtype == dtype and model.model.embed_tokens.weight.dtype == dtype
     assert model.model.norm.weight.dtype == torch.float32
     assert bf16.engine.runner.kv_cache.dtype == torch.float32  # the KV cache stays float32
-    assert "bfloat16 weights" in bf16.engine.runner.backend.describe()["matmul"]
+    assert f"{name} weights" in bf16.engine.runner.backend.describe()["matmul"]
     # The weights are the checkpoint's rounded to bfloat16 (packed once for oneDNN), no other.
     ref = f32.engine.model.model.layers[0].self_attn.qkv_proj.weight
     assert isinstance(linear.weight, PackedWeight)
-    assert torch.equal(linear.weight.dense(), ref.to(torch.bfloat16))
+    assert torch.equal(linear.weight.dense(), ref.to(dtype))
     assert torch.equal(model.logits_weight.dense(), model.model.embed_tokens.weight)  # tied
     ids = torch.tensor(PROMPTS[1])
     h32 = f32.engine.model.model.embed_tokens(ids) @ ref.t()
     h16 = model.routes.linear(model.model.embed_tokens(ids), linear.weight)
     assert h16.dtype == torch.float32
     assert (h16 - h32).abs().max() <= 0.02 * h32.abs().max()  # bfloat16's 8-bit mantissa
+    assert (h16 - h32).abs().max() > 0  # rounded: not float32 under another name
     outs = [[o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)] for llm in (f32, bf16)]
     same = sum(a == b for x, y in zip(*outs, strict=True) for a, b in zip(x, y, strict=True))
     assert same >= 0.5 * len(PROMPTS) * GREEDY.max_tokens  # mostly; no exactness is claimed

@@ -5,7 +5,7 @@ On the CPU, ``--dtype`` chooses how the matmul weights are stored and multiplied
 norms, RoPE, attention, softmax, sampling and the KV cache stay float32. ``bfloat16`` stores the
 weights in half the bytes and multiplies through torch's oneDNN bf16 GEMM (AMX tiles or
 AVX512_BF16, float32 accumulation; each matmul's input is rounded to bfloat16, its output
-returned in float32: routes.py). A CPU without native bf16 or fp16 would emulate them, slower
+returned in float32; the weights pre-packed for it once at load: packed.py). A CPU without native bf16 or fp16 would emulate them, slower
 than float32, so those dtypes are refused there with the reason. On another device (CUDA) the
 whole model and its KV cache take ``--dtype``, as before.
 

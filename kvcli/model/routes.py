@@ -44,10 +44,10 @@ NARROW = (torch.bfloat16, torch.float16)  # weight dtypes --dtype stores (model/
 
 def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                   ) -> torch.Tensor:
-    """A float32 ``x`` times bfloat16/float16 weights, in float32: ``x`` rounded to the weights'
-    dtype and multiplied by oneDNN (AMX or AVX512_BF16 tiles, float32 sums), the product
-    returned in float32 plus a float32 bias. At every row count oneDNN's bf16 beat float32 here
-    and a hand-written vdpbf16ps kernel for 1-8 rows (precision.py's measurements)."""
+    """A float32 ``x`` times plain bfloat16/float16 weights, in float32: ``x`` rounded to the
+    weights' dtype and multiplied by oneDNN (AMX or AVX512_BF16 tiles, float32 sums), the
+    product returned in float32 plus a float32 bias. A loaded model's weights are pre-packed
+    instead (model/packed.py); this serves weights that are not (a model built directly)."""
     y = F.linear(x.to(weight.dtype), weight).float()
     if bias is not None:
         y += bias
