@@ -13,8 +13,9 @@ from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
 # kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED,
-         *PRECISION_PEERS)
+OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
+         *QUANTIZED, *PRECISION_PEERS)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -72,8 +73,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         progress(f"loading {name}")
         if name == "vllm":
             systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
-        elif name == "openvino":
-            systems.append(start_openvino(model_dir, cfg, progress))
+        elif name in OPENVINO_PEERS:
+            systems.append(start_openvino(model_dir, cfg, progress, name))
         elif name == "hf-generate":
             systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
         elif name == "hf-generate-batch":
@@ -128,19 +129,21 @@ def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
     return system
 
 
-def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> Any:
+def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None],
+                   name: str = "openvino") -> Any:
     import torch
 
     from kvcli.bench.openvino_system import OpenVinoSystem
 
     assert cfg.openvino_python is not None  # checked by the command before any loading
     system = OpenVinoSystem(cfg.openvino_python, model_dir, cfg.max_num_batched_tokens,
-                            cfg.threads or torch.get_num_threads())
+                            cfg.threads or torch.get_num_threads(), name=name,
+                            defaults=name == "openvino-default")
     if system.needs_export:
         progress(f"  exporting the model to OpenVINO IR in {system.ir_dir} (once, about a "
                  "minute; not timed)")
     system.start()
-    progress(f"  openvino {system.version} loaded in {system.load_s:.1f} s")
+    progress(f"  {name} {system.version} loaded in {system.load_s:.1f} s ({system.precision})")
     return system
 
 

@@ -33,7 +33,8 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Model name or local directory / .gguf file.")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
+                   "vllm, openvino (float32 forced), openvino-default (its own precision "
+                   "defaults), kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
                    "kvcli-bf16, kvcli-fast (kvcli at --dtype bfloat16 / --precision fast): "
                    "the inexact ones' greedy agreement with kvcli is reported ('none' for "
                    "kvcli alone).")
@@ -97,7 +98,7 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
         from kvcli.bench.vllm_system import INSTALL_HINT
 
         raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
-    if "openvino" in compare and opts.get("openvino_python") is None:
+    if {"openvino", "openvino-default"} & set(compare) and opts.get("openvino_python") is None:
         from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
 
         raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
