@@ -9,11 +9,12 @@ returned in float32; the weights pre-packed for it once at load: packed.py). A C
 than float32, so those dtypes are refused there with the reason. On another device (CUDA) the
 whole model and its KV cache take ``--dtype``, as before.
 
-Measured on a Xeon with AMX-BF16 (2 vCPUs, docs/BENCHMARKS.md 2026-12-02): a 576 x 3,072
-matmul of 16 rows 0.70 ms bf16 vs 1.41 float32, of 256 rows 4.2 vs 18.2 ms; float16
-(AVX512_FP16 without AMX-FP16) 1.27 / 13.5 ms, so float16 is allowed but ``auto`` and ``fast``
-do not choose it. A hand-written ``vdpbf16ps`` kernel for 1-8 rows lost to oneDNN's at every
-row count (it does the same multiply-adds per cycle as float32 FMAs; only AMX adds compute).
+Measured on a Xeon with AMX-BF16 (2 vCPUs, loaded; docs/BENCHMARKS.md 2026-12-02): torch's
+``F.linear`` of 576 x 3,072 weights, 16 rows 0.70 ms bf16 vs 1.41 float32, 256 rows 4.2 vs
+18.2 ms; float16 (AVX512_FP16 without AMX-FP16) 1.27 / 13.5 ms, so float16 is allowed but
+``auto`` and ``fast`` do not choose it. A hand-written ``vdpbf16ps`` kernel for 1-64 rows was
+slower than oneDNN's at every row count (it does as many multiply-adds per cycle as float32
+FMAs; AMX is where the compute is), so there is none.
 """
 
 from __future__ import annotations
