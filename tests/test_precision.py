@@ -148,3 +148,11 @@ def test_bench_rows_carry_precision_and_bf16_agreement(tiny_models):
     assert bf16["agreement"]["identical_share"] == pytest.approx(bf16["outputs_matching"] / 3,
                                                                  abs=1e-4)
     assert "bfloat16 weights" in bf16["details"]["backend"]["matmul"]
+
+
+def test_the_engine_options_choices_are_the_precision_modules():
+    from kvcli.engine import config
+
+    assert config.DTYPE_CHOICES == precision.DTYPE_CHOICES
+    assert config.PRECISIONS == precision.PRECISIONS
+    assert (config.EngineConfig().precision, config.EngineConfig().dtype) == ("exact", None)

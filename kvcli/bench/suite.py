@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
+from kvcli.engine.config import EngineConfig
+
+_ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
@@ -22,7 +25,7 @@ DEFAULT_COMPARE = "hf-generate"
 @dataclass(slots=True)
 class BenchConfig:
     workloads: list[str]
-    model: str | None = None
+    model: str | None = _ENGINE.model
     compare: list[str] = field(default_factory=lambda: [DEFAULT_COMPARE])
     num_prompts: int | None = None
     max_tokens: int | None = None
@@ -32,12 +35,12 @@ class BenchConfig:
     threads: int | None = None
     hf_batch_size: int = 8
     hf_page_size: int = 32
-    max_num_batched_tokens: int = 1024
+    max_num_batched_tokens: int = _ENGINE.max_num_batched_tokens
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
-    precision: str = "exact"  # kvcli's own row (the reference): --precision and --dtype
-    dtype: str | None = None
+    precision: str = _ENGINE.precision  # kvcli's own row (the reference): --precision, --dtype
+    dtype: str | None = _ENGINE.dtype
 
 
 def parse_compare(value: str) -> list[str]:

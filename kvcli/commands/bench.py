@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from kvcli.commands.options import engine_options
+
 WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
 
@@ -29,8 +31,7 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("--workload", "workloads", multiple=True, required=True,
               type=click.Choice(WORKLOAD_CHOICES),
               help="Workload to run (repeatable; 'all' runs every one).")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="Model name or local directory / .gguf file.")
+@engine_options("model")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
                    "vllm, openvino (float32 forced), openvino-default (its own precision "
@@ -62,15 +63,12 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
-@click.option("--precision", type=click.Choice(["exact", "fast"]), default="exact",
-              show_default=True,
-              help="kvcli's own row (the reference the others are compared with), as "
-                   "`kvcli generate --precision`; --compare kvcli-fast / kvcli-bf16 instead "
-                   "measure those against kvcli's float32 in the same run.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "auto"]),
-              help="kvcli's own row's matmul weights, as `kvcli generate --dtype`.")
+@engine_options("max_num_batched_tokens", "precision", "dtype",
+                notes={"max_num_batched_tokens": "Also hf-generate-batch's.",
+                       "precision": "For kvcli's own row, the reference the others are "
+                                    "compared with; --compare kvcli-fast measures fast against "
+                                    "kvcli's float32 in the same run instead.",
+                       "dtype": "For kvcli's own row (--compare kvcli-bf16: a row of its own)."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),

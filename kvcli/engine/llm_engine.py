@@ -35,7 +35,7 @@ def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
     platform = getattr(model, "platform", None)
     if platform is not None:
         return platform.kv_dtype
-    return getattr(torch, config.dtype or "float32")
+    return torch.float32 if config.dtype in (None, "auto") else getattr(torch, config.dtype)
 
 
 def checkpoint_dtype(model_dir: Path) -> str | None:

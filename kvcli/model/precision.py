@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from kvcli.model import large_gemm
 
+# The choices of EngineConfig's dtype and precision (engine/config.py, which the model layer
+# may not import; tests/test_precision.py keeps them equal).
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fast here
 PRECISIONS = ("exact", "fast")
