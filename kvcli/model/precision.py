@@ -87,7 +87,8 @@ def fast_choice(device: str, quantization: str | None = None) -> Precision:
         return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
     if _has("bfloat16", _FAST, cpu_flags()):
         return Precision("fast", "bfloat16", "native bfloat16 (AMX-BF16/AVX512_BF16): oneDNN "
-                         "bf16 matmuls with float32 sums, 2-4x float32's on prefill")
+                         "bf16 matmuls with float32 sums, about half float32's CPU time where "
+                         "rows are many")
     return Precision("fast", "float32", "no native bfloat16 on this CPU (emulated is slower "
                      "than float32)")
 

@@ -127,7 +127,8 @@ class KernelRoutes:
         matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
         if self.weights in NARROW:  # every matmul of the model takes narrow_linear
             name = str(self.weights).removeprefix("torch.")
-            matmul = f"{name} weights, torch oneDNN {name} (float32 sums and activations)"
+            matmul = (f"{name} weights pre-packed for torch's oneDNN (model/packed.py; "
+                      "float32 sums and activations)")
         return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}
 
 
