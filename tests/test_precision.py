@@ -125,9 +125,11 @@ def test_fast_runs_bfloat16_here_and_keys_the_disk_cache_apart(tiny_models):
 def test_fast_keeps_quantized_weights_their_own_format(tiny_models, monkeypatch):
     with_flags(monkeypatch, BF16_CPU)
     chosen = resolve_precision("fast", None, "cpu", quantization="int8")
-    assert chosen.weights == "float32" and "--quantization int8" in chosen.reason
+    assert (chosen.weights, chosen.quantization, chosen.exact) == ("float32", "int8", False)
     llm = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
-    assert llm.engine.runner.backend.describe()["precision"].startswith("fast: float32 weights")
+    label = llm.engine.runner.backend.describe()["precision"]
+    assert label.startswith("fast: int8 weights, float32 activations"), label
+    assert not resolve_precision("exact", None, "cpu", quantization="gguf").exact
 
 
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bfloat16")

@@ -62,10 +62,9 @@ class Backend:
     @property
     def precision_label(self) -> str:
         """``exact: float32 weights`` or ``fast: bfloat16 weights (why)``."""
-        weights = str(self.platform.weights).removeprefix("torch.")
         if self.precision is None:
-            return f"{weights} weights"
-        return f"{self.precision.preset}: {weights} weights ({self.precision.reason})"
+            return str(self.platform.weights).removeprefix("torch.") + " weights"
+        return self.precision.label
 
     def describe(self) -> dict[str, str]:
         """What runs where, for ``--stats`` and the bench JSON."""

@@ -42,13 +42,21 @@ class Precision:
     """What an engine computes in: the preset asked for, the matmul weights' dtype, and why."""
 
     preset: str  # "exact" | "fast" | "custom" (an explicit --dtype overrode the preset's)
-    weights: str  # one of DTYPES
+    weights: str  # one of DTYPES: the float weights' (quantized weights: their activations')
     reason: str
+    quantization: str | None = None  # --quantization's weights (int8, gguf) run instead
 
     @property
     def exact(self) -> bool:
         """Greedy outputs equal transformers' float32 (the exact guarantee)."""
-        return self.weights == "float32"
+        return self.weights == "float32" and self.quantization is None
+
+    @property
+    def label(self) -> str:
+        """``exact: float32 weights (why)``, for the backend report."""
+        weights = (f"{self.quantization} weights, float32 activations" if self.quantization
+                   else f"{self.weights} weights")
+        return f"{self.preset}: {weights} ({self.reason})"
 
     def describe(self) -> dict[str, str]:
         """For ``--stats``, the bench JSON and ``Backend.describe()``."""
@@ -81,8 +89,8 @@ def fast_choice(device: str, quantization: str | None = None) -> Precision:
     decided (the integer kernels join here when they land). Quantized weights
     (``--quantization``) are their own format: fast keeps their float32 activations."""
     if quantization:
-        return Precision("fast", "float32", f"--quantization {quantization}: its weights, "
-                         "float32 activations")
+        return Precision("fast", "float32", "quantized weights are their own format",
+                         quantization)
     if not _is_cpu(device):
         return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
     if _has("bfloat16", _FAST, cpu_flags()):
@@ -109,6 +117,9 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
     if dtype is None:
         if preset == "fast":
             return fast_choice(device, quantization)
+        if quantization:
+            return Precision("exact", "float32", "quantized: greedy agreement with float32 "
+                             "is measured, not guaranteed", quantization)
         return Precision("exact", "float32", "greedy outputs equal transformers' float32")
     reason = f"--dtype {dtype}"
     if dtype == "auto":
@@ -117,7 +128,8 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
     chosen = resolve_precision(preset, None, device, quantization=quantization)
     if chosen.weights == dtype:
         return chosen
-    return Precision("custom", dtype, f"{reason}, over --precision {preset}'s {chosen.weights}")
+    return Precision("custom", dtype, f"{reason}, over --precision {preset}'s {chosen.weights}",
+                     quantization)
 
 
 def _auto(device: str, checkpoint_dtype: str | None) -> tuple[str, str]:
