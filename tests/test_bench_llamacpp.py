@@ -103,11 +103,12 @@ def test_bench_runs_the_fake_server(tiny_models, kvcli_home, fake_server):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     kvcli, peer = doc["systems"]
-    assert peer["name"] == "llamacpp" and peer["precision"] == "gguf (q8 act.)"
+    assert peer["name"] == "llamacpp" and peer["weights"] == "quantized"
+    assert peer["precision"] == "gguf weights, 8-bit activations, float16 KV"
     assert peer["exact"] is False and peer["generated_tokens"] == 12
     assert peer["agreement"]["identical_share"] is not None and "llamacpp" in doc["speedup"]
     assert peer["details"]["slots"] == 3 and peer["ttft_mean_s"] is not None
-    assert kvcli["precision"] == "gguf (f32 act.)"  # auto: the GGUF in its own types ...
+    assert kvcli["precision"].startswith("gguf weights")  # auto: the GGUF in its own types ...
     assert not (kvcli_home / "models").exists()  # ... and no float32 conversion for the bench
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     starts = [e["argv"] for e in entries if "argv" in e]

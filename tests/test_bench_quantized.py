@@ -75,14 +75,15 @@ def test_the_kvcli_row_runs_the_bench_quantization(tiny_models, kvcli_home):
         assert result.exit_code == 0, result.output
         docs[mode] = json.loads(result.stdout)
     precision = {m: [(e["name"], e["precision"]) for e in d["systems"]] for m, d in docs.items()}
-    assert precision == {"auto": [("kvcli", "gguf (f32 act.)"), ("hf-generate", "float32")],
-                         "none": [("kvcli", "float32"), ("hf-generate", "float32")],
-                         "int8": [("kvcli", "int8 (f32 act.)"), ("hf-generate", "float32")]}
+    kv = "weights, float32 KV (exact)"
+    assert precision == {"auto": [("kvcli", f"gguf {kv}"), ("hf-generate", "float32")],
+                         "none": [("kvcli", f"float32 {kv}"), ("hf-generate", "float32")],
+                         "int8": [("kvcli", f"int8 {kv}"), ("hf-generate", "float32")]}
     # A float32 GGUF's own tensors are the float32 weights: the same greedy tokens.
     assert docs["auto"]["systems"][1]["outputs_match"] is True
     table = invoke("--workload", "decode-1", "--model", gguf, "--compare", "none", *SMALL)
-    assert table.stdout.splitlines()[1].split()[:2] == ["system", "precision"]
-    assert "gguf (f32 act.)" in table.stdout
+    assert table.stdout.splitlines()[1].split()[:2] == ["system", "weights"]
+    assert "quantized" in table.stdout.splitlines()[2]
 
 
 def test_gguf_without_a_gguf_is_a_usage_error(tiny_models):

@@ -95,7 +95,6 @@ class HFGenerateSystem(_HFModel):
 
     batch_size: int = 8
     name: str = HF_GENERATE
-    precision: str = "float32"
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
         import torch
@@ -138,7 +137,6 @@ class HFGenerateBatchSystem(_HFModel):
     page_size: int = 32
     max_batch_tokens: int = 1024
     name: str = HF_GENERATE_BATCH
-    precision: str = "float32"
 
     def run(self, prompts: list[list[int]], max_new_tokens: int) -> RunResult:
         from transformers import ContinuousBatchingConfig, GenerationConfig

@@ -77,7 +77,9 @@ class LlamaCppSystem:
     gguf: Path
     threads: int
     name: str = LLAMACPP
-    precision: str = "gguf (q8 act.)"  # llama.cpp's kernels quantize activations to 8 bits
+    # llama.cpp's kernels quantize activations to 8 bits; its KV cache is float16 by default
+    precision: str = "gguf weights, 8-bit activations, float16 KV"
+    weights_kind: str = "quantized"
     exact: bool = False  # other arithmetic: its greedy agreement is measured, not required
     load_s: float = 0.0  # the last (untimed) start
     _proc: subprocess.Popen | None = field(default=None, init=False)

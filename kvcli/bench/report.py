@@ -7,7 +7,7 @@ from typing import Any
 
 COLUMNS = (
     ("system", "name", "{}"),
-    ("precision", "precision", "{}"),
+    ("weights", "weights", "{}"),
     ("wall s", "wall_s", "{:.2f}"),
     ("median s", "wall_s_median", "{:.2f}"),
     ("prompt tok", "prompt_tokens", "{}"),
@@ -37,13 +37,13 @@ def _match_cell(entry: dict[str, Any], reference: bool) -> str:
     if reference:
         return "reference"
     cell = f"{entry['outputs_matching']}/{entry['outputs_total']}"
-    return cell if entry.get("exact", True) else f"{cell} (quantized)"
+    return cell if entry.get("exact", True) else f"{cell} ({entry.get('weights', 'quantized')})"
 
 
 def _agreement_line(entry: dict[str, Any], reference: dict[str, Any]) -> str:
-    """A quantized system's greedy agreement with the reference row (kvcli's)."""
+    """An inexact system's (quantized, bfloat16) greedy agreement with kvcli's row."""
     agree = entry["agreement"]
-    line = (f"{entry['name']} greedy agreement with kvcli {reference.get('precision', '')}: "
+    line = (f"{entry['name']} greedy agreement with kvcli {reference.get('weights', 'float32')}: "
             f"{agree['identical_share']:.1%} identical outputs")
     if agree["mean_first_divergence"] is not None:
         line += (f", the {agree['diverged']} others first differ at token "

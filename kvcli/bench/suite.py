@@ -14,11 +14,14 @@ _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", "llamacpp",
-         *QUANTIZED)
+# kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
+PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
+OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
+         "llamacpp", *QUANTIZED, *PRECISION_PEERS)
 DEFAULT_COMPARE = "hf-generate"
-# Peers that load the bench's model directory as float weights (a GGUF is converted for them).
-FLOAT_PEERS = {"hf-generate", "hf-generate-batch", "vllm", "openvino", "kvcli-int8"}
+# Peers that need no float weights in the bench's model directory (else a GGUF is converted).
+NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-no-cache"}
 
 
 @dataclass(slots=True)
@@ -40,6 +43,8 @@ class BenchConfig:
     openvino_python: Path | None = None
     llamacpp_server: Path | None = None
     quantization: str | None = _ENGINE.quantization  # the kvcli row's (auto: as generate)
+    precision: str = _ENGINE.precision  # kvcli's own row (the reference): --precision, --dtype
+    dtype: str | None = _ENGINE.dtype
 
 
 def parse_compare(value: str) -> list[str]:
@@ -67,15 +72,11 @@ def expand_workloads(names: list[str]) -> list[str]:
 
 def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> list[Any]:
     from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
-    from kvcli.bench.systems import KvcliSystem
 
     mode = kvcli_mode(cfg)
     spec = _weights_spec(model_dir, cfg, mode)
     progress(f"loading kvcli engine ({spec}, quantization {mode or 'none'})")
-    try:
-        kvcli = KvcliSystem.load(spec, cfg.max_num_batched_tokens, mode)
-    except ValueError as err:  # QuantError: e.g. --quantization gguf on a safetensors model
-        raise BenchConfigError(f"--quantization {cfg.quantization}: {err}") from None
+    kvcli = _load_kvcli(spec, cfg, None, cfg.precision, cfg.dtype, mode)
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
@@ -83,8 +84,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
             systems.append(llamacpp_peer(cfg))
         elif name == "vllm":
             systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
-        elif name == "openvino":
-            systems.append(start_openvino(model_dir, cfg, progress))
+        elif name in OPENVINO_PEERS:
+            systems.append(start_openvino(model_dir, cfg, progress, name))
         elif name == "hf-generate":
             systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
         elif name == "hf-generate-batch":
@@ -92,6 +93,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
                                                  cfg.max_num_batched_tokens))
         elif name in QUANTIZED:
             systems.append(load_quantized(name, model_dir, cfg))
+        elif name in PRECISION_PEERS:
+            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name]))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
@@ -113,7 +116,7 @@ def bench_model_dir(cfg: BenchConfig, mode: str | None) -> Path:
     from kvcli.model.gguf_convert import resolve_model
 
     native = mode == "gguf" and spec_gguf(cfg.model) is not None
-    if native and not set(cfg.compare) & FLOAT_PEERS:
+    if native and set(cfg.compare) <= NATIVE_PEERS:
         return Path(resolve_model(cfg.model, quantization="gguf"))
     return Path(resolve_model(cfg.model))
 
@@ -122,7 +125,7 @@ def kvcli_mode(cfg: BenchConfig) -> str | None:
     """The kvcli row's weights: --quantization resolved for --model as generate resolves it."""
     from kvcli.checkpoint.quant_modes import resolve_mode
 
-    return resolve_mode(cfg.model, cfg.quantization)
+    return resolve_mode(cfg.model, cfg.quantization, "cpu", cfg.dtype)
 
 
 def llamacpp_peer(cfg: BenchConfig) -> Any:
@@ -138,6 +141,20 @@ def llamacpp_peer(cfg: BenchConfig) -> Any:
                                f"{cfg.model} is not one (give the default model or a .gguf)")
     assert cfg.llamacpp_server is not None  # checked by the command before any loading
     return LlamaCppSystem(cfg.llamacpp_server, gguf, cfg.threads or torch.get_num_threads()).check()
+
+
+def _load_kvcli(model_dir: str, cfg: BenchConfig, name: str | None, precision: str,
+                dtype: str | None, quantization: str | None = None) -> Any:
+    """kvcli's engine at ``precision`` / ``dtype`` / ``quantization`` (``name`` None: kvcli's
+    own row)."""
+    from kvcli.bench.systems import KVCLI, KvcliSystem
+
+    try:
+        return KvcliSystem.load(model_dir, cfg.max_num_batched_tokens, quantization,
+                                name or KVCLI, precision, dtype)
+    except ValueError as err:  # PrecisionError, QuantError: bfloat16 without it, gguf without a GGUF
+        flag = f"--compare {name}" if name else "--quantization / --precision / --dtype"
+        raise BenchConfigError(f"{flag}: {err}") from None
 
 
 def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:
@@ -168,19 +185,21 @@ def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
     return system
 
 
-def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> Any:
+def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None],
+                   name: str = "openvino") -> Any:
     import torch
 
     from kvcli.bench.openvino_system import OpenVinoSystem
 
     assert cfg.openvino_python is not None  # checked by the command before any loading
     system = OpenVinoSystem(cfg.openvino_python, model_dir, cfg.max_num_batched_tokens,
-                            cfg.threads or torch.get_num_threads())
+                            cfg.threads or torch.get_num_threads(), name=name,
+                            defaults=name == "openvino-default")
     if system.needs_export:
         progress(f"  exporting the model to OpenVINO IR in {system.ir_dir} (once, about a "
                  "minute; not timed)")
     system.start()
-    progress(f"  openvino {system.version} loaded in {system.load_s:.1f} s")
+    progress(f"  {name} {system.version} loaded in {system.load_s:.1f} s ({system.precision})")
     return system
 
 

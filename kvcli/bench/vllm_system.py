@@ -54,7 +54,6 @@ class VllmSystem:
     max_model_len: int
     threads: int
     name: str = VLLM
-    precision: str = "float32"
     load_s: float = 0.0
     version: str = ""
     _peer: PeerProcess | None = field(default=None, init=False)

@@ -24,6 +24,7 @@ CHOICES = ("auto", "none", *MODES)  # what --quantization accepts
 # Q5_K, Q6_K); tests/test_quant_modes.py keeps this equal to what the loader reads.
 GGUF_MODE_TYPES = frozenset({0, 1, 2, 3, 8, 12, 13, 14})
 GGUF_MODE_ARCHITECTURES = ("llama",)  # kvcli/model/quant/gguf_weights.py
+FLOAT32_ACTIVATIONS = (None, "float32", "auto")  # the --dtype values the gguf mode runs under
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -65,16 +66,17 @@ def gguf_runs_natively(gguf: Path) -> bool:
             and header.tensor_types <= GGUF_MODE_TYPES)
 
 
-def auto_mode(gguf: Path | None, device: str = "cpu", dtype: str = "float32") -> str:
+def auto_mode(gguf: Path | None, device: str = "cpu", dtype: str | None = None) -> str:
     """What ``--quantization auto`` runs for a model with this GGUF behind it (None: a float
-    checkpoint): ``gguf`` or ``none``."""
-    native = (gguf is not None and device.split(":")[0] == "cpu" and dtype == "float32"
-              and gguf_runs_natively(gguf))
+    checkpoint): ``gguf`` or ``none``. ``dtype``: --dtype (None: the precision's, float32
+    activations for quantized weights; auto: a GGUF's derived config says float32)."""
+    native = (gguf is not None and device.split(":")[0] == "cpu"
+              and dtype in FLOAT32_ACTIVATIONS and gguf_runs_natively(gguf))
     return "gguf" if native else "none"
 
 
 def resolve_mode(spec: str | None, requested: str | None = "auto", device: str = "cpu",
-                 dtype: str = "float32") -> str | None:
+                 dtype: str | None = None) -> str | None:
     """The weights the engine loads for ``--model spec --quantization requested``: ``"gguf"``,
     ``"int8"``, or None (float). ``None`` and ``"none"`` ask for float weights."""
     if requested in (None, "none"):
