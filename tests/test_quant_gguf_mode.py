@@ -9,7 +9,6 @@ import shutil
 import weakref
 from pathlib import Path
 
-import pytest
 import torch
 from click.testing import CliRunner
 from test_quant_model import _greedy, quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture
@@ -69,20 +68,18 @@ def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, kvcli_ho
     copy = tmp_path / "elsewhere" / "copy.gguf"
     copy.parent.mkdir()
     shutil.copyfile(quant_gguf, copy)
-    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: pytest.fail("derived again"))
+    real, calls = gguf_meta._write_metadata, []
+    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: calls.append(a) or real(*a))
     second = resolve_model(str(copy), quiet=True, quantization="gguf")
+    assert calls == []  # not derived again
     assert second != first and gguf_meta.linked_gguf(second) == copy.resolve()
     for name in COMPANIONS:
         assert (second / name).read_bytes() == (first / name).read_bytes(), name
     changed = bytearray(copy.read_bytes())
     changed[-1] ^= 0xFF  # other bytes: not the same model
     copy.write_bytes(bytes(changed))
-    monkeypatch.undo()
-    calls = []
-    real = gguf_meta._write_metadata
-    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: calls.append(a) or real(*a))
-    resolve_model(str(copy), quiet=True, quantization="gguf")
-    assert len(calls) == 1
+    third = resolve_model(str(copy), quiet=True, quantization="gguf")
+    assert len(calls) == 1 and third.parent == kvcli_home / "gguf"
 
 
 def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
