@@ -10,7 +10,7 @@ from typing import Any
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
-QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
+QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED)
 DEFAULT_COMPARE = "hf-generate"
 

@@ -159,9 +159,11 @@ _ENGINE_OPTIONS = [
                  default="float32", show_default=True),
     click.option("--allow-pickle", is_flag=True,
                  help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
-    click.option("--quantization", type=click.Choice(["int8", "gguf"]),
-                 help="Quantized weights on CPU: int8 (per output channel, quantized at load) or "
-                      "gguf (a GGUF model's own tensor types, memory-mapped). Default: float."),
+    click.option("--quantization", type=click.Choice(["int8", "gguf", "gguf-int"]),
+                 help="Quantized weights on CPU: int8 (per output channel, quantized at load), "
+                      "gguf (a GGUF model's own tensor types, memory-mapped) or gguf-int (the "
+                      "same weights repacked, activations quantized to int8 per 32 values, "
+                      "integer dot products; Q4_0, Q4_1, Q8_0). Default: float."),
     click.option("--kv-cache-dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR", callback=_cache_dir,
                  help="Persistent prefix cache: full KV blocks are kept in DIR across runs and "
                       "processes, and prefixes missing in memory are loaded from it "

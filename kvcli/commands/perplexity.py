@@ -16,7 +16,7 @@ import click
 @click.argument("text_file", metavar="FILE")
 @click.option("--model", default="smollm2-135m", show_default=True,
               help="smollm2-135m, a NAME from `kvcli models`, a local directory or a .gguf file.")
-@click.option("--quantization", type=click.Choice(["int8", "gguf"]),
+@click.option("--quantization", type=click.Choice(["int8", "gguf", "gguf-int"]),
               help="Score the quantized weights (as `kvcli generate --quantization`). "
                    "Default: float.")
 @click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,

@@ -46,6 +46,9 @@ class KernelRoutes:
     native_gemm_max_rows: int
     qgemm_max_rows: int  # quantized matmuls up to this many rows run in registers (qgemm.c)
     large_gemm: str  # "mkl" | "onednn": float32 matmuls past the native kernel's rows
+    # --quantization gguf-int: the integer matmul variant its weights run (native.qint_variant,
+    # chosen once per model when they are packed); "" for every other model.
+    int_matmul: str = ""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -106,7 +109,11 @@ class KernelRoutes:
                if self.native is not None and self.native_gemm_max_rows > self.numpy_max_rows
                else "")
         larger = "more torch " + {"mkl": "MKL", "onednn": "oneDNN"}[self.large_gemm]
-        return {"matmul": ", ".join(p for p in (numpy_rows, few, larger) if p),
+        matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
+        if self.int_matmul:
+            matmul = (f"quantized weights: int8 activations, {self.int_matmul} (every row count); "
+                      f"float weights: {matmul}")
+        return {"matmul": matmul,
                 "elementwise": "native" if self.native is not None else "torch"}
 
 
