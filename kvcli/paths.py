@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The default model (--model's default), converted once into models_dir() / DEFAULT_MODEL_NAME;
+# here, not in checkpoint/, so the engine's options read it without loading the resolver.
+DEFAULT_MODEL_NAME = "smollm2-135m"
+
 
 def kvcli_home(home: Path | None = None) -> Path:
     """kvcli's cache root: `home`, else $KVCLI_HOME, else ~/.cache/kvcli."""
@@ -37,6 +41,11 @@ def kernels_dir(home: Path | None = None) -> Path:
 def file_digests_dir(home: Path | None = None) -> Path:
     """Remembered weight-file digests of the disk KV tier's fingerprint (engine and auditor)."""
     return kvcli_home(home) / "file-digests"
+
+
+def calibration_dir(home: Path | None = None) -> Path:
+    """`kvcli bench --calibrate`'s measured prefill/decode rates, one file per model, CPU and dtype."""
+    return kvcli_home(home) / "calibration"
 
 
 def hub_cache_dir() -> Path:

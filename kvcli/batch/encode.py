@@ -41,7 +41,12 @@ class PromptEncoder:
         _check_constraint(req, text, self.tokenizer)
         return self._ids(spec, text)
 
-    def _ids(self, spec: PromptSpec, text: str | None) -> list[int]:
+    def encode_input(self, spec: PromptSpec) -> list[int]:
+        """An embedding input: text with the tokenizer's special tokens, no template; it adds
+        no token, so it may fill the whole context."""
+        return self._ids(spec, None, room=0)
+
+    def _ids(self, spec: PromptSpec, text: str | None, room: int = 1) -> list[int]:
         if spec.token_ids is not None:
             ids = spec.token_ids
             bad = next((i for i, t in enumerate(ids) if t >= self.vocab_size), None)
@@ -54,10 +59,10 @@ class PromptEncoder:
             ids = self.tokenizer.encode(spec.text, add_special_tokens=True)
         if not ids:
             raise LineError(spec.source, "encodes to no tokens")
-        if len(ids) >= self.max_model_len:
+        if len(ids) + room > self.max_model_len:
+            need = " (prompt plus at least one new token)" if room else ""
             raise LineError(spec.source, f"{len(ids)} tokens do not fit the model's context of "
-                            f"{self.max_model_len} tokens (prompt plus at least one new token)",
-                            "context_length_exceeded")
+                            f"{self.max_model_len} tokens{need}", "context_length_exceeded")
         return list(ids)
 
     def _render_chat(self, spec: PromptSpec, line_no: int) -> str:

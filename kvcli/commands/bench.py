@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
+
+from kvcli.commands.options import engine_options
 
 WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
@@ -26,11 +30,14 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 
 
 @click.command()
-@click.option("--workload", "workloads", multiple=True, required=True,
+@click.option("--workload", "workloads", multiple=True,
               type=click.Choice(WORKLOAD_CHOICES),
-              help="Workload to run (repeatable; 'all' runs every one).")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="Model name or local directory / .gguf file.")
+              help="Workload to run (repeatable; 'all' runs every one). Required unless --calibrate.")
+@click.option("--calibrate", is_flag=True,
+              help="Measure this machine's prefill and decode rate for --model and --dtype and store "
+                   "it (under $KVCLI_HOME/calibration): `kvcli audit --model` then states time saved.")
+@engine_options("model", "dtype",
+                notes={"dtype": "Read by --calibrate only (the workloads run float32)."})
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
                    "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
@@ -59,15 +66,17 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
+@engine_options("max_num_batched_tokens",
+                notes={"max_num_batched_tokens": "Also hf-generate-batch's."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a bar chart of output tokens/s (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
-          plot_path: Path | None, quiet: bool, no_warmup: bool, **opts: Any) -> None:
+@click.pass_context
+def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as_json: bool,
+          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str,
+          **opts: Any) -> None:
     """Time kvcli and its peers on the same prompts (same token ids), greedy, EOS ignored.
 
     \b
@@ -78,8 +87,19 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
       decode-1       one short prompt, 128 new
     Progress goes to stderr; the table (or --json) to stdout. Exit status: 0 ok,
     1 a system failed, 2 bad usage.
+
+    --calibrate measures kvcli alone (prefill and decode tokens/s, no prefix cache) once per
+    model, CPU and dtype, and stores it for `kvcli audit`.
     """
     from kvcli.bench.suite import BenchConfig, expand_workloads
+
+    if calibrate:
+        _calibrate(ctx, workloads, dtype, as_json, quiet, opts)
+        return
+    if not workloads:
+        raise click.UsageError("give --workload NAME (or --calibrate)")
+    if ctx.get_parameter_source("dtype") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--dtype is read by --calibrate only (the workloads run float32)")
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'kvcli[bench]' "
@@ -96,6 +116,41 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
                       warmup=not no_warmup, **opts)
     report = _run(cfg, quiet)
     _emit(report, as_json, plot_path)
+
+
+# Options --calibrate reads; any other given with it is an error, never silently ignored.
+CALIBRATE_READS = {"model", "threads", "num_prompts", "max_tokens", "seed", "scale"}
+
+
+def _calibrate(ctx: click.Context, workloads: tuple[str, ...], dtype: str, as_json: bool, quiet: bool,
+               opts: dict[str, Any]) -> None:
+    from kvcli.bench.calibrate import PROMPT_TOKENS, CalibrateConfig, calibrate
+    from kvcli.calibration import save_calibration
+    from kvcli.checkpoint.resolve import ModelResolveError
+
+    given = {p.name for p in ctx.command.params
+             if p.name and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE}
+    extra = sorted(given - CALIBRATE_READS - {"calibrate", "dtype", "as_json", "quiet"})
+    if workloads or extra:
+        names = ", ".join("--" + n.replace("_", "-") for n in (["workload"] if workloads else []) + extra)
+        raise click.UsageError(f"--calibrate measures kvcli alone: {names} not read with it")
+    cfg = CalibrateConfig(model=opts["model"], dtype=dtype, threads=opts["threads"], seed=opts["seed"],
+                          prompt_tokens=max(2, round(PROMPT_TOKENS * opts["scale"])))
+    if opts["num_prompts"]:
+        cfg.prompts = opts["num_prompts"]
+    if opts["max_tokens"]:
+        cfg.decode_tokens = opts["max_tokens"]
+    try:
+        cal = calibrate(cfg, lambda m: None if quiet else click.echo(m, err=True))
+    except (ModelResolveError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    path = save_calibration(cal)
+    if as_json:
+        click.echo(json.dumps({**asdict(cal), "path": str(path)}, indent=2))
+        return
+    click.echo(f"{Path(cal.model).name} ({cal.dtype}) on {cal.cpu}: prefill {cal.prefill_tok_s:,.1f} tokens/s "
+               f"({cfg.prompts} prompts of {cal.prompt_tokens} tokens), decode {cal.decode_tok_s:,.2f} tokens/s; "
+               f"stored in {path}")
 
 
 def _run(cfg: Any, quiet: bool) -> dict[str, Any]:

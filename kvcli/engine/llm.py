@@ -1,12 +1,13 @@
-"""The library entry point: ``LLM(model).generate(prompts, params)`` like vLLM's offline API."""
+"""The library entry point: ``LLM(model).generate(prompts, params)`` and ``LLM(model).embed(texts)``
+like vLLM's offline API."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
-from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+from kvcli.engine.config import make_engine_config
+from kvcli.engine.llm_engine import LLMEngine
 from kvcli.engine.outputs import RequestOutput
 from kvcli.sampling_params import SamplingParams
 
@@ -16,15 +17,14 @@ Prompt = str | list[int] | dict[str, Any]
 class LLM:
     """Offline batch generation: ``LLM("smollm2-135m").generate(["Hi"], SamplingParams())``.
 
-    Engine options are :class:`EngineConfig` fields as keyword arguments.
+    Engine options are :class:`~kvcli.engine.config.EngineConfig` fields as keyword
+    arguments, with its defaults (the command line's); an unknown one is a TypeError.
     """
 
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
-        known = {f.name for f in fields(EngineConfig)}
-        unknown = set(engine_kwargs) - known
-        if unknown:
-            raise TypeError(f"unknown engine option(s): {sorted(unknown)}")
-        self.engine = LLMEngine.from_config(EngineConfig(model=model, **engine_kwargs))
+        if model is not None:  # None: EngineConfig's default model
+            engine_kwargs["model"] = model
+        self.engine = LLMEngine.from_config(make_engine_config(**engine_kwargs))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
@@ -66,3 +66,23 @@ class LLM:
             for out in self.engine.step():
                 results[out.request_id] = out
         return [results[str(base + i)] for i in range(len(prompts))]
+
+    def embed(self, prompts: Sequence[Prompt], dimensions: int | None = None
+              ) -> list[list[float]]:
+        """One embedding per prompt (the model's pooling: kvcli/checkpoint/pooling.py), in input
+        order; ``dimensions`` where the model is Matryoshka. Raises ValueError for an input or
+        size the model cannot embed."""
+        params = self.engine.embedding.params(dimensions)
+        base = self.engine._arrivals
+        for i, prompt in enumerate(prompts):
+            ids, salt = self.encode(prompt)
+            self.engine.add_embedding_request(f"e{base + i}", [ids], params, cache_salt=salt)
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                results[out.request_id] = out
+        outs = [results[f"e{base + i}"] for i in range(len(prompts))]
+        failed = next((o for o in outs if o.error or o.embeddings is None), None)
+        if failed is not None:
+            raise ValueError(f"embedding failed: {failed.error}")
+        return [o.embeddings[0] for o in outs]

@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from kvcli.engine.admission import check_prompt
+from kvcli.checkpoint.pooling import EmbeddingSpec, PoolingParams, read_embedding_spec
+from kvcli.engine import pooling
+from kvcli.engine.admission import check_embedding_prompt, check_prompt
 from kvcli.engine.config import EngineConfig, budget_num_blocks
 from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
@@ -52,6 +54,13 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.structured: Any = None  # kvcli.structured's StructuredDecoding, made on first use
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+        # How this model embeds (kvcli/checkpoint/pooling.py): its sentence-transformers layout,
+        # else last token + L2 norm; a model built without a directory gets the default.
+        raw = getattr(getattr(model, "config", None), "raw", None) or {}
+        self.embedding: EmbeddingSpec = (
+            read_embedding_spec(model_dir, raw) if model_dir is not None
+            else EmbeddingSpec(hidden_size=int(raw.get("hidden_size") or 0)))
+        self.headless = bool(getattr(model, "headless", False))
 
     def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
         if self.config.kv_cache_dir is None:
@@ -113,6 +122,9 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
         """Queue a request; raises ``ValueError("field: reason")`` when it can never run."""
+        if self.headless:
+            raise ValueError(f"this model ({self.model.config.architecture}) has no "
+                             "language-model head: it computes embeddings only")
         params = params or SamplingParams()
         params.validate()
         if params.max_tokens is None:  # "until the context ends", as vLLM's server defaults it
@@ -134,6 +146,23 @@ class LLMEngine:
             self.structured.hold(grammar, children)
             return
         for req in children:
+            self.scheduler.add_request(req)
+
+    def add_embedding_request(self, request_id: str, inputs: list[list[int]],
+                              params: PoolingParams, cache_salt: str | None = None) -> None:
+        """Queue one embedding per input (prefill only); their output comes back together, as
+        one ``RequestOutput`` with ``embeddings`` in input order."""
+        if request_id in self._groups:
+            raise ValueError(f"id: duplicate request id {request_id!r}")
+        for i, ids in enumerate(inputs):
+            check_embedding_prompt(ids, self.max_model_len, self.vocab_size, self.num_blocks,
+                                   self.config.block_size, f"input[{i}]" if inputs[1:] else "input")
+        children = pooling.requests(request_id, inputs, params, cache_salt,
+                                    self.config.block_size, self._arrivals)
+        self._arrivals += len(children)
+        self._groups[request_id] = children
+        for req in children:
+            self._requests[req.request_id] = req
             self.scheduler.add_request(req)
 
     def _grammar(self, params: SamplingParams) -> Any:
@@ -184,6 +213,8 @@ class LLMEngine:
         now = time.monotonic()
         finished = [done for i, req in enumerate(samplers)
                     if (done := self._advance(req, result, i, now)) is not None]
+        finished += [done for req in self.runner.pooled_done  # embeddings: done after prefill
+                     if (done := self._finish(req, pooling.complete(req, now))) is not None]
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return admitted + finished
 
@@ -255,6 +286,8 @@ class LLMEngine:
         if group is None or not all(r.is_finished for r in group):
             return None
         del self._groups[parent]
+        if group[0].pooling is not None:
+            return self._embedding_output(parent, group)
         disk_hits = self.kv_manager.disk_hit_tokens.get(group[0].request_id, 0)
         outs = []
         for i, r in enumerate(group):
@@ -277,6 +310,14 @@ class LLMEngine:
             result.prompt_logprobs = [None, *first.prompt_logprobs]
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
             result.num_disk_cached_tokens = disk_hits
+        self.metrics.on_finished(result)
+        return result
+
+    def _embedding_output(self, parent: str, group: list[Request]) -> RequestOutput:
+        result = pooling.group_output(parent, group, self.kv_manager.disk_hit_tokens
+                                      if self.disk is not None else None)
+        for r in group:
+            self._forget(r)
         self.metrics.on_finished(result)
         return result
 

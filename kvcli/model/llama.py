@@ -23,6 +23,7 @@ from kvcli.model.decoder import (
 from kvcli.model.layers import Linear, RotaryEmbedding, install_routes
 from kvcli.model.numpy_decode import NumpyDecoder
 from kvcli.model.platform import detect_platform
+from kvcli.model.registry import is_headless
 from kvcli.model.routes import KernelRoutes, select_routes
 
 Device = torch.device | str
@@ -121,9 +122,12 @@ class LlamaForCausalLM(nn.Module):
         rotaries = self.rotary_embeddings(cfg, dtype, device)
         self.model = DecoderModel(layers, rotaries, cfg, layer_spec.norm, dtype, device)
         # Tied: the output layer *is* the embedding tensor (no lm_head parameter, no copy).
+        # Headless (an embedding model's ``Qwen2Model``): no output layer at all.
+        self.headless = is_headless(cfg.architecture)
         tied = self.tie_word_embeddings(cfg)
         self.lm_head = (
-            None if tied else Linear(cfg.hidden_size, (cfg.vocab_size,), False, dtype, device)
+            None if tied or self.headless
+            else Linear(cfg.hidden_size, (cfg.vocab_size,), False, dtype, device)
         )
         self.embed_multiplier = self.embedding_multiplier(cfg)
         self.logits_div = self.logits_divisor(cfg)
@@ -185,6 +189,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.headless:  # the engine refuses such requests first (add_request)
+            raise RuntimeError(f"{self.config.architecture} has no language-model head")
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = self.routes.linear(hidden, weight)
         if self.logits_div is not None:  # Granite's logits_scaling

@@ -186,11 +186,19 @@ def load_model(
     model = build_model(read_model_config(model_dir), dtype, device)
     if torch.device(device).type == "cpu":
         use_input_major_layout(model, copy=False)  # before loading: weights go straight in
-    load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
+    tensors = checkpoint_tensors(model_dir, allow_pickle)
+    load_weights(model, headless_names(tensors) if getattr(model, "headless", False) else tensors)
     if hasattr(model, "enable_fast_decode"):
         model.enable_fast_decode()
     release_free_heap()
     return model.eval()
+
+
+def headless_names(tensors: Iterable[CheckpointTensor]) -> Iterator[CheckpointTensor]:
+    """A headless checkpoint's tensors (``layers.0...``, ``embed_tokens.weight``) under the
+    names of the ``model.*`` submodule they fill; names already under it stay."""
+    for file, name, tensor in tensors:
+        yield file, name if name.startswith("model.") else f"model.{name}", tensor
 
 
 def release_free_heap() -> None:
@@ -210,6 +218,7 @@ __all__ = [
     "ModelLoadError",
     "build_model",
     "checkpoint_tensors",
+    "headless_names",
     "load_model",
     "load_weights",
     "read_eos_token_ids",
