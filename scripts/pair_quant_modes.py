@@ -35,7 +35,7 @@ def main() -> None:
     for name, (prompts, sp) in {"decode-1 (128 tokens)": decode,
                                 "prefill (8 x 512 tokens)": prefill}.items():
         times: dict[str, list[float]] = {m: [] for m in modes}
-        for m, e in engines.items():  # warm-up
+        for e in engines.values():  # warm-up
             e.generate([{"prompt_token_ids": p} for p in prompts], sp)
         for _ in range(args.pairs):
             for m, e in engines.items():
