@@ -137,3 +137,29 @@ def test_unsupported_types_and_variants_are_refused(monkeypatch):
         native.qint_variant(lib)
     monkeypatch.delenv("KVCLI_QINT_ISA")
     assert native.qint_variant(lib) == "avx2"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0])
+def test_extreme_bytes_do_not_saturate(variant, kind):
+    """Blocks of nibbles 15 (Q8_0: bytes of 127 and -127) against activations of 127 steps:
+    the AVX2 path's 16-bit pair sums are at their largest and must not saturate."""
+    rows, in_f = 16, 64
+    block_bytes = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[kind]
+    blocks = np.zeros((rows, in_f // 32, block_bytes), np.uint8)
+    blocks[..., :2] = np.full(blocks.shape[:2], 0.01, np.float16).view(np.uint8).reshape(
+        *blocks.shape[:2], 2)
+    if kind == Q8_0:
+        blocks[:8, :, 2:] = 127
+        blocks[8:, :, 2:] = np.uint8(256 - 127)
+    else:
+        blocks[..., block_bytes - 16:] = 0xFF
+    packed_bytes = blocks.reshape(rows, -1)
+    weight = QuantWeight(kind, torch.from_numpy(packed_bytes), (rows, in_f))
+    dense = dequantize(packed_bytes, GGMLQuantizationType(kind)).reshape(rows, in_f)
+    x = np.ones((3, in_f), np.float32)
+    x[1] = -1.0
+    got = pack(weight, replace(process_routes(), int_matmul=variant)).linear(torch.from_numpy(x),
+                                                                              None)
+    assert np.allclose(got.numpy(), x.astype(np.float64) @ dense.T.astype(np.float64),
+                       atol=1e-4, rtol=1e-5)

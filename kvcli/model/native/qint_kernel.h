@@ -63,7 +63,8 @@ static inline __attribute__((always_inline)) qvi QN(wbytes)(const int type, cons
 
 /* acc += per-channel sum of 4 weight bytes x the 4 activation bytes at x. The AVX2 Q4 path sums
  * its pairs in i16 (8 steps of at most 2 * 15 * 127 fit 32767; finish() widens); its Q8_0 path
- * moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x directly. */
+ * moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x directly; a
+ * weight byte of -128, which quantizers never write (they round to +-127), would negate wrongly. */
 static inline __attribute__((always_inline)) qvi QN(step)(const int type, qvi acc, qvi w,
                                                           const int8_t *x) {
     const qvi xb = BCAST32(x);
