@@ -227,3 +227,10 @@ def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monke
     for a, b, f in zip(got_logits, want_logits, float_logits, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
         assert (a - f).abs().max() < 0.1 * f.abs().max()  # as int8 weights above
+
+
+def test_gguf_int_without_native_kernels_is_a_clear_error(quant_gguf, monkeypatch, kvcli_home):
+    monkeypatch.setattr(native, "load", lambda: None)  # no C compiler
+    res = CliRunner().invoke(main, ["generate", "-", "--model", str(quant_gguf),
+                                    "--quantization", "gguf-int"], input='{"prompt": "hi"}\n')
+    assert res.exit_code == 2 and "gguf-int needs the native kernels" in res.output
