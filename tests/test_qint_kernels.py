@@ -24,7 +24,7 @@ from gguf.quants import dequantize, quantize
 from kvcli.model import native
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.int_weights import IntWeight, pack
-from kvcli.model.quant.weights import Q4_0, Q4_1, Q4_K, Q8_0, QuantWeight
+from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q4_K, Q8_0, QuantWeight, quantize_int8
 from kvcli.model.routes import process_routes
 
 lib = native.load()
@@ -51,6 +51,9 @@ VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(lib is None or not _runs(v)
 def gguf_weight(kind: int, out_f: int, in_f: int, seed: int) -> tuple[QuantWeight, np.ndarray]:
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((out_f, in_f)) / in_f**0.5).astype(np.float32)
+    if kind == I8:  # kvcli's per-channel int8 (--quantization int8)
+        q = quantize_int8(torch.from_numpy(w))
+        return q, (q.data.double() * q.scale.double()[:, None]).numpy()
     packed = quantize(w, GGMLQuantizationType(kind))
     dense = dequantize(packed, GGMLQuantizationType(kind)).reshape(out_f, in_f)
     return QuantWeight(kind, torch.from_numpy(packed), (out_f, in_f)), dense
@@ -81,7 +84,7 @@ def test_activation_quantization_is_q8_0():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0])
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, I8])
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 70])
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_matmul_equals_float64_of_quantized_operands(variant, kind, rows, threads, monkeypatch):

@@ -105,7 +105,14 @@ def _with_int8_rounded_weights(model):
     return model
 
 
-def test_int8_mode_computes_with_the_rounded_weights(tiny_models):
+def _no_integer_kernels() -> str:
+    raise ValueError("integer-activation kernels need an x86 CPU with AVX2, FMA and F16C")
+
+
+def test_int8_mode_computes_with_the_rounded_weights(tiny_models, monkeypatch):
+    """Where the CPU has no integer kernels, int8 keeps float32 activations: it is the float
+    model with its weights rounded."""
+    monkeypatch.setattr(native, "qint_variant", lambda lib: _no_integer_kernels())
     model_dir = tiny_models["llama-gqa"]
     quant = load_quantized(model_dir, "int8")
     assert all(isinstance(m.weight, QuantWeight) for m in quant.modules()
@@ -120,6 +127,24 @@ def test_int8_mode_computes_with_the_rounded_weights(tiny_models):
     _, exact = _greedy(load_model(model_dir), PROMPT[:20], 1)
     assert (got[0] - exact[0]).abs().max() < 0.1 * exact[0].abs().max()
     assert available_modes(model_dir) == ["int8"]
+
+
+def test_int8_mode_runs_the_integer_kernels(tiny_models, monkeypatch):
+    """With the integer kernels (any x86 CPU with AVX2), int8 is its float-activation path on
+    q8_0-rounded matmul inputs, to float32 rounding."""
+    model_dir = tiny_models["llama-gqa"]
+    quant = load_quantized(model_dir, "int8")
+    assert all(isinstance(m.weight, IntWeight) for m in quant.modules()
+               if type(m).__name__ in ("Linear", "QuantEmbedding"))
+    got_tokens, got = _greedy(quant, PROMPT[:20], 4)
+    monkeypatch.setattr(native, "qint_variant", lambda lib: _no_integer_kernels())
+    real_linear = QuantWeight.linear
+    monkeypatch.setattr(QuantWeight, "linear",
+                        lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
+    want_tokens, want = _greedy(load_quantized(model_dir, "int8"), PROMPT[:20], 4)
+    assert got_tokens == want_tokens
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_gguf_mode_needs_a_gguf_model(tiny_models):

@@ -136,7 +136,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qgemm.restype = lib.kvcli_qdequant.restype = ctypes.c_int
     # Integer-activation matmuls (qint.c; kvcli/model/quant/int_weights.py).
     lib.kvcli_qint_gemm.argtypes = [I64, I64, F32P, F32P, F32P, F32P, *[I64] * 4]
-    lib.kvcli_qint_pack.argtypes = [I64, F32P, F32P, I64, I64]
+    lib.kvcli_qint_pack.argtypes = [I64, F32P, F32P, F32P, I64, I64]
     lib.kvcli_qint_packed_bytes.argtypes = [I64, I64, I64]
     lib.kvcli_qint_quantize.argtypes = [F32P, F32P, F32P, F32P, I64, I64]
     lib.kvcli_qint_gemm.restype = lib.kvcli_qint_pack.restype = ctypes.c_int

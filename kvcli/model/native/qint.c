@@ -3,13 +3,14 @@
  * q8_0: d = max|x| / 127, q = round(x / d)), and each 32-value block's dot product with the
  * weights' bytes is summed in int32 by the CPU's byte dot-product instructions.
  *
- * Weights (Q4_0, Q4_1, Q8_0) are repacked once at load (kvcli_qint_pack): 16 output channels
+ * Weights (Q4_0, Q4_1, Q8_0; kvcli's per-channel int8, I8) are repacked once at load (kvcli_qint_pack): 16 output channels
  * interleaved per 32-value block, each channel's 4 consecutive weights in one 32-bit lane, so a
  * register of weight bytes meets one broadcast 4-byte group of activations per instruction (the
  * idea of llama.cpp's Q4_0 8x8 repacking). Per (group of 16 channels, block) one tile:
  *   Q4_0 / Q4_1: 4 x 64 bytes of nibbles (vector j: k-group j in the low nibbles, j + 4 in the
  *                high ones), 16 fp16 scales d, Q4_1 also 16 fp16 minima m
  *   Q8_0:        8 x 64 bytes of w + 128, 16 fp16 scales
+ *   I8:          as Q8_0 with 16 float32 scales (each channel's, in every block)
  * Channels past N (the last group) are zero blocks. With the weights' bytes unsigned (u) and
  * w = d * (u - off) + m, a block contributes dx * (d * sum(u * qx) + (m - off * d) * sum(qx)):
  * the activations' per-block sums are kept beside their scales. Outputs differ from the float
@@ -26,17 +27,21 @@
 
 #include "pool.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, I8 = 24 }; /* I8: kvcli int8 rows, a float scale per row */
 #define GROUP 16 /* output channels per packed tile */
 
-static inline int64_t qs_bytes(const int type) { return type == Q8_0 ? 512 : 256; }
+static inline int is_byte(const int type) { return type == Q8_0 || type == I8; }
+static inline int64_t qs_bytes(const int type) { return is_byte(type) ? 512 : 256; }
+/* I8's scales stay float32 (16 x 4 bytes): its per-channel scale is not an fp16. */
 static inline int64_t tile_bytes(const int type) {
-    return qs_bytes(type) + (type == Q4_1 ? 64 : 32);
+    return qs_bytes(type) + (type == Q4_1 || type == I8 ? 64 : 32);
 }
 static inline int64_t src_block_bytes(const int type) {
-    return type == Q8_0 ? 34 : type == Q4_1 ? 20 : 18;
+    return type == I8 ? 32 : type == Q8_0 ? 34 : type == Q4_1 ? 20 : 18;
 }
-static int known(const int64_t type) { return type == Q4_0 || type == Q4_1 || type == Q8_0; }
+static int known(const int64_t type) {
+    return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == I8;
+}
 
 /* Packed bytes of an N x K weight (kvcli_qint_pack's output size). */
 int64_t kvcli_qint_packed_bytes(int64_t type, int64_t N, int64_t K) {
@@ -44,10 +49,11 @@ int64_t kvcli_qint_packed_bytes(int64_t type, int64_t N, int64_t K) {
     return (N + GROUP - 1) / GROUP * (K / 32) * tile_bytes((int)type);
 }
 
-/* One source block's 32 unsigned weight bytes (Q4: nibbles in element order; Q8_0: w + 128). */
+/* One source block's 32 unsigned weight bytes (Q4: nibbles in element order; Q8_0, I8: w + 128). */
 static void source_bytes(const int type, const uint8_t *blk, uint8_t *u) {
-    if (type == Q8_0) {
-        for (int j = 0; j < 32; j++) u[j] = (uint8_t)((int)(int8_t)blk[2 + j] + 128);
+    if (is_byte(type)) {
+        const int at = type == Q8_0 ? 2 : 0;
+        for (int j = 0; j < 32; j++) u[j] = (uint8_t)((int)(int8_t)blk[at + j] + 128);
         return;
     }
     const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
@@ -57,8 +63,10 @@ static void source_bytes(const int type, const uint8_t *blk, uint8_t *u) {
     }
 }
 
-int kvcli_qint_pack(int64_t type, const uint8_t *src, uint8_t *dst, int64_t N, int64_t K) {
-    if (kvcli_qint_packed_bytes(type, N, K) < 0) return -1;
+/* scale: I8's float32 per row (NULL for the GGUF types, whose scales are in their blocks). */
+int kvcli_qint_pack(int64_t type, const uint8_t *src, const float *scale, uint8_t *dst, int64_t N,
+                    int64_t K) {
+    if (kvcli_qint_packed_bytes(type, N, K) < 0 || (type == I8 && !scale)) return -1;
     const int t = (int)type;
     const int64_t kb = K / 32, tb = tile_bytes(t), qsb = qs_bytes(t), bb = src_block_bytes(t);
     memset(dst, 0, (size_t)kvcli_qint_packed_bytes(type, N, K));
@@ -71,12 +79,15 @@ int kvcli_qint_pack(int64_t type, const uint8_t *src, uint8_t *dst, int64_t N, i
             source_bytes(t, blk, u);
             for (int k = 0; k < 32; k++) {
                 const int kg = k / 4, at = c * 4 + k % 4;
-                if (t == Q8_0)
+                if (is_byte(t))
                     tile[kg * 64 + at] = u[k];
                 else
                     tile[(kg & 3) * 64 + at] |= (uint8_t)(u[k] << (kg < 4 ? 0 : 4));
             }
-            memcpy(tile + qsb + c * 2, blk, 2);
+            if (t == I8)
+                memcpy(tile + qsb + c * 4, scale + n, 4);
+            else
+                memcpy(tile + qsb + c * 2, blk, 2);
             if (t == Q4_1) memcpy(tile + qsb + 32 + c * 2, blk + 2, 2);
         }
     return 0;
@@ -161,11 +172,11 @@ static inline int64_t chunk_groups(const int type, const int64_t K) {
 #pragma GCC pop_options
 
 static task_fn part_fn(int64_t variant, int64_t type) {
-    static const task_fn fns[3][3] = {
-        {part_q4_0_vnni512, part_q4_1_vnni512, part_q8_0_vnni512},
-        {part_q4_0_avxvnni, part_q4_1_avxvnni, part_q8_0_avxvnni},
-        {part_q4_0_avx2, part_q4_1_avx2, part_q8_0_avx2}};
-    return fns[variant][type == Q4_0 ? 0 : type == Q4_1 ? 1 : 2];
+    static const task_fn fns[3][4] = {
+        {part_q4_0_vnni512, part_q4_1_vnni512, part_q8_0_vnni512, part_i8_vnni512},
+        {part_q4_0_avxvnni, part_q4_1_avxvnni, part_q8_0_avxvnni, part_i8_avxvnni},
+        {part_q4_0_avx2, part_q4_1_avx2, part_q8_0_avx2, part_i8_avx2}};
+    return fns[variant][type == Q4_0 ? 0 : type == Q4_1 ? 1 : type == Q8_0 ? 2 : 3];
 }
 #else
 #define QINT_VARIANTS 0

@@ -24,6 +24,7 @@
 #define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define MULF(a, b) _mm512_mul_ps(a, b)
 #define HALFS(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOADF(p) _mm512_loadu_ps((const float *)(p))
 #define STOREF(p, v) _mm512_storeu_ps(p, v)
 #else
 #define CH 8
@@ -42,6 +43,7 @@
 #define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define MULF(a, b) _mm256_mul_ps(a, b)
 #define HALFS(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define LOADF(p) _mm256_loadu_ps((const float *)(p))
 #define STOREF(p, v) _mm256_storeu_ps(p, v)
 #if QV == 1
 #define QN(name) name##_avxvnni
@@ -53,10 +55,10 @@
 
 /* Unsigned weight bytes of k-group kg (k = 4 kg .. 4 kg + 3 of the block) for the channels of
  * half h: Q4 nibbles (group kg in the low nibbles of vector kg % 4, kg + 4 in the high ones),
- * or Q8_0's offset bytes (w + 128). */
+ * or Q8_0's / I8's offset bytes (w + 128). */
 static inline __attribute__((always_inline)) qvi QN(wbytes)(const int type, const uint8_t *qs,
                                                             const int h, const int kg) {
-    if (type == Q8_0) return LOADW(qs + kg * 64 + h * CH * 4);
+    if (is_byte(type)) return LOADW(qs + kg * 64 + h * CH * 4);
     const qvi v = LOADW(qs + (kg & 3) * 64 + h * CH * 4);
     return AND(kg < 4 ? v : SRL16(v, 4), SPLAT8(15));
 }
@@ -75,7 +77,7 @@ static inline __attribute__((always_inline)) qvi QN(step)(const int type, qvi ac
     (void)type;
     return _mm256_dpbusd_avx_epi32(acc, w, xb);
 #else
-    if (type != Q8_0) return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, xb));
+    if (!is_byte(type)) return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, xb));
     const qvi ws = _mm256_xor_si256(w, SPLAT8(0x80)); /* back to the signed weight */
     const qvi p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(ws, xb));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
@@ -84,7 +86,7 @@ static inline __attribute__((always_inline)) qvi QN(step)(const int type, qvi ac
 
 static inline __attribute__((always_inline)) qvf QN(finish)(const int type, qvi acc) {
 #if QV == 2
-    if (type != Q8_0) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+    if (!is_byte(type)) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
 #else
     (void)type;
 #endif
@@ -94,7 +96,7 @@ static inline __attribute__((always_inline)) qvf QN(finish)(const int type, qvi 
 /* The weight offset the integer sum carries (w = d * (byte - off) + m). */
 static inline int QN(offset)(const int type) {
     if (type == Q4_0) return 8;
-    return type == Q8_0 && QV != 2 ? 128 : 0;
+    return is_byte(type) && QV != 2 ? 128 : 0;
 }
 
 /* Rows [i, i + mr) x the 16 channels of group g, over the whole K: per 32-value block the
@@ -119,7 +121,7 @@ static inline __attribute__((always_inline)) void QN(tile)(const qint_args *a, c
                 for (int r = 0; r < mr; r++)
                     isum[r] = QN(step)(type, isum[r], wv, a->q + (i + r) * a->K + b * 32 + kg * 4);
             }
-            const qvf dw = HALFS(sc + h * CH * 2);
+            const qvf dw = type == I8 ? LOADF(sc + h * CH * 4) : HALFS(sc + h * CH * 2);
             const qvf cw = type == Q4_1 ? HALFS(sc + 32 + h * CH * 2) : MULF(dw, SETF(-off));
             for (int r = 0; r < mr; r++) {
                 const int64_t at = (i + r) * kb + b;
@@ -179,6 +181,9 @@ static void QN(part_q4_1)(const void *a, int64_t t, int64_t n) {
 static void QN(part_q8_0)(const void *a, int64_t t, int64_t n) {
     QN(part)((const qint_args *)a, Q8_0, t, n);
 }
+static void QN(part_i8)(const void *a, int64_t t, int64_t n) {
+    QN(part)((const qint_args *)a, I8, t, n);
+}
 
 #undef QN
 #undef qvi
@@ -197,5 +202,6 @@ static void QN(part_q8_0)(const void *a, int64_t t, int64_t n) {
 #undef FMA
 #undef MULF
 #undef HALFS
+#undef LOADF
 #undef STOREF
 #undef HALVES

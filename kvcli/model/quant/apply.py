@@ -64,7 +64,18 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     embed = getattr(inner, "embed_tokens", None)
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
+    if _integer_kernels(model):  # else float32 activations (qgemm.c or the torch path)
+        _pack_model(model)
     return _finish(model)
+
+
+def _integer_kernels(model: nn.Module) -> bool:
+    """Whether this model's CPU runs the integer kernels (int8 uses them where it can)."""
+    lib = model.routes.native
+    try:
+        return lib is not None and bool(native.qint_variant(lib))
+    except ValueError:
+        return False
 
 
 def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
@@ -78,8 +89,8 @@ def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
 
 
 def _pack_model(model: nn.Module) -> None:
-    """gguf-int: every quantized matrix repacked for the integer kernels, whose variant the
-    model's routes then name (chosen here, once, from the CPU's flags)."""
+    """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
+    the model's routes then name (chosen here, once, from the CPU's flags)."""
     lib = model.routes.native
     if lib is None:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "

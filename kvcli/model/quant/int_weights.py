@@ -1,6 +1,7 @@
-"""``--quantization gguf-int``: GGUF weights repacked for integer-activation matmuls (qint.c).
+"""Integer-activation matmuls (qint.c): ``--quantization gguf-int``'s GGUF weights and
+``--quantization int8``'s per-channel int8 ones, repacked for them.
 
-Each Q4_0 / Q4_1 / Q8_0 matrix is repacked once at load into the kernel's interleaved layout
+Each Q4_0 / Q4_1 / Q8_0 / int8 matrix is repacked once at load into the kernel's interleaved layout
 (16 output channels per tile); every matmul, whatever its row count (decode-1, batched decode,
 prefill), quantizes its activations to int8 per 32 values and sums in integer arithmetic with
 the instruction-set variant the model's routes chose (``KernelRoutes.int_matmul``). Only the
@@ -16,11 +17,11 @@ import torch
 
 from kvcli.model import native
 from kvcli.model.quant import QuantError
-from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, _AsArray
+from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantWeight, _AsArray
 from kvcli.model.routes import KernelRoutes
 
-INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
-_TYPE_NAMES = {12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 24: "int8"}
+INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", I8: "int8"}
+_TYPE_NAMES = {12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 @dataclass(eq=False)
@@ -79,8 +80,10 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False) -
     out_features, in_features = weight.shape
     size = lib.kvcli_qint_packed_bytes(weight.kind, out_features, in_features)
     packed = torch.empty(size, dtype=torch.uint8)
-    if lib.kvcli_qint_pack(weight.kind, weight.data.data_ptr(), packed.data_ptr(), out_features,
-                           in_features):
+    scale = None if weight.scale is None else weight.scale.float().contiguous()
+    if lib.kvcli_qint_pack(weight.kind, weight.data.data_ptr(),
+                           None if scale is None else scale.data_ptr(), packed.data_ptr(),
+                           out_features, in_features):
         raise QuantError(f"gguf-int: cannot repack {INT_TYPES[weight.kind]} {weight.shape}")
     variant = native.QINT_VARIANTS[routes.int_matmul][0]
     return IntWeight(weight.kind, packed, weight.shape, variant,
