@@ -78,7 +78,8 @@ class EngineConfig:
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     quantization: str | None = option(  # weights of kvcli/model/quant; None: float
         None, choices=QUANTIZATIONS,
-        help="Quantized weights on CPU: int8 (per output channel, quantized at load), gguf (a "
+        help="Quantized weights on CPU: int8 (per output channel, quantized at load; integer "
+             "dot products where the CPU has AVX2), gguf (a "
              "GGUF model's own tensor types, memory-mapped) or gguf-int (the same weights "
              "repacked, activations quantized to int8 per 32 values, integer dot products; "
              "Q4_0, Q4_1, Q8_0). Default: float.")
