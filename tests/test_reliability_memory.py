@@ -115,3 +115,22 @@ def test_an_in_process_run_frees_its_engine_without_a_cyclic_collection(tiny_mod
     finally:
         kvcli.batch.run.load_engine = load
         gc.enable()
+
+
+def test_a_run_with_a_disk_cache_ends_its_writer_thread(tiny_models, tmp_path):
+    """The disk cache's writer thread (which holds the KV pool) ran until interpreter exit, so
+    each in-process run with --kv-cache-dir kept ~0.5 GB and a thread alive."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from kvcli.cli import main
+
+    batch = tmp_path / "b.jsonl"
+    batch.write_text('{"prompt": "Hello there, a prompt long enough to fill blocks"}\n')
+    res = CliRunner().invoke(main, ["generate", str(batch), "--model", str(tiny_models["llama"]),
+                                    "--max-tokens", "2", "-q", "--kv-cache-dir",
+                                    str(tmp_path / "kv")])
+    assert res.exit_code == 0, res.stderr
+    assert not [t for t in threading.enumerate() if t.name == "kvcli-kv-writer"]
+    assert list((tmp_path / "kv" / "models").glob("*/runs.jsonl"))  # the run was recorded

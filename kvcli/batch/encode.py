@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.batch.records import LineError, LineRequest, PromptSpec, clip
-from kvcli.reasoning import END, ReasoningParser
+from kvcli.reasoning import END, START, ReasoningParser
 
 
 @dataclass(slots=True)
@@ -85,17 +85,25 @@ def _check_constraint(req: LineRequest, text: str, tokenizer: Any) -> None:
     """A grammar must not constrain the reasoning. A reply that starts inside it (the prompt
     opens ``<think>``) gets its grammar after ``</think>``, as vLLM's reasoning + structured
     outputs; one that starts closed needs nothing. Where the model may or may not open a
-    block itself (Qwen3's own template), the line is refused rather than answered wrongly."""
+    block itself (Qwen3's own template), its first token may be the grammar's or ``<think>``,
+    and which one it picks decides: that needs ``<think>`` to be one token that the reply's
+    text shows (else the line is refused rather than answered wrongly)."""
     constraint = req.params.structured_outputs
     if constraint is None or text.rstrip().endswith(END):
         return
+    req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
     if req.reasoning_inside:
-        req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
+        return
+    opener = tokenizer.encode(START, add_special_tokens=False)
+    if len(opener) == 1 and tokenizer.decode(opener) == START:
+        req.params.structured_opener = opener[0]
         return
     path = (constraint.path or f"{req.field_prefix}structured_outputs").split(".")
     name = ".".join(path[:2] if req.field_prefix else path[:1])
-    raise LineError(name, "structured outputs and tool calls cannot yet follow a reasoning block "
-                    "the model may or may not open itself (--reasoning-parser "
-                    f"{req.reasoning.name}); turn thinking off for the line (e.g. "
-                    '"chat_template_kwargs": {"enable_thinking": false}) or run with '
+    why = (f"{len(opener)} tokens here" if len(opener) != 1
+           else f"shown as {tokenizer.decode(opener)!r}")
+    raise LineError(name, "a grammar after a reasoning block the model may or may not open "
+                    f"(--reasoning-parser {req.reasoning.name}) needs {START} as one token its "
+                    f"text shows ({why}); turn thinking off for the line "
+                    '("chat_template_kwargs": {"enable_thinking": false}) or run with '
                     "--reasoning-parser none")

@@ -61,13 +61,14 @@ class KvcliSystem:
 
     @classmethod
     def load(cls, model: str | None, max_num_batched_tokens: int,
-             quantization: str | None = None, name: str = KVCLI) -> KvcliSystem:
+             quantization: str | None = None, name: str = KVCLI, precision: str = "exact",
+             dtype: str | None = None) -> KvcliSystem:
         """An engine for ``model`` (a directory or a --model spec), as `kvcli generate
-        --quantization` would load it."""
+        --quantization --precision --dtype` would load it."""
         from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
         config = EngineConfig(model=model, max_num_batched_tokens=max_num_batched_tokens,
-                              quantization=quantization)
+                              quantization=quantization, precision=precision, dtype=dtype)
         return cls(LLMEngine.from_config(config), name)
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
@@ -75,9 +76,27 @@ class KvcliSystem:
 
     @property
     def exact(self) -> bool:
-        """Float weights: greedy outputs equal the float32 reference's. Quantized weights change
-        the logits, so their agreement with it is measured instead (runner.greedy_agreement)."""
-        return self.base.config.quantization is None
+        """float32 weights: greedy outputs equal the float32 reference's. Quantized or bfloat16
+        weights change the logits, so their agreement with it is measured instead
+        (runner.greedy_agreement)."""
+        return self.base.config.quantization is None and self.weights == "float32"
+
+    @property
+    def weights(self) -> str:
+        return str(self.base.model.platform.weights).removeprefix("torch.")
+
+    @property
+    def weights_kind(self) -> str:
+        """"quantized" or the float weights' dtype, for the report's match cell."""
+        return "quantized" if self.base.config.quantization else self.weights
+
+    @property
+    def precision(self) -> str:
+        """The row's precision in the report: its weights and KV cache (and the preset)."""
+        kv = str(self.base.model.platform.kv_dtype).removeprefix("torch.")
+        weights = self.base.config.quantization or self.weights
+        preset = getattr(getattr(self.base.model, "precision", None), "preset", "")
+        return f"{weights} weights, {kv} KV" + (f" ({preset})" if preset else "")
 
     @property
     def max_model_len(self) -> int:

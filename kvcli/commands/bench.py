@@ -37,11 +37,16 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Measure this machine's prefill and decode rate for --model and --dtype and store "
                    "it (under $KVCLI_HOME/calibration): `kvcli audit --model` then states time saved.")
 @engine_options("model", "dtype",
-                notes={"dtype": "Read by --calibrate only (the workloads run float32)."})
+                notes={"dtype": "For kvcli's own row (the reference; --compare kvcli-bf16 is a "
+                                "row of its own) and the dtype --calibrate measures "
+                                "(default float32)."})
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
-                   "their greedy agreement with float32 is reported) ('none' for kvcli alone).")
+                   "vllm, openvino (float32 forced), openvino-default (its own precision "
+                   "defaults), kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
+                   "kvcli-bf16, kvcli-fast (kvcli at --dtype bfloat16 / --precision fast): "
+                   "the inexact ones' greedy agreement with kvcli is reported ('none' for "
+                   "kvcli alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
@@ -66,8 +71,11 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@engine_options("max_num_batched_tokens",
-                notes={"max_num_batched_tokens": "Also hf-generate-batch's."})
+@engine_options("max_num_batched_tokens", "precision",
+                notes={"max_num_batched_tokens": "Also hf-generate-batch's.",
+                       "precision": "For kvcli's own row, the reference the others are "
+                                    "compared with; --compare kvcli-fast measures fast against "
+                                    "kvcli's float32 in the same run instead."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -75,7 +83,7 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.pass_context
 def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as_json: bool,
-          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str,
+          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str | None,
           **opts: Any) -> None:
     """Time kvcli and its peers on the same prompts (same token ids), greedy, EOS ignored.
 
@@ -94,12 +102,10 @@ def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as
     from kvcli.bench.suite import BenchConfig, expand_workloads
 
     if calibrate:
-        _calibrate(ctx, workloads, dtype, as_json, quiet, opts)
+        _calibrate(ctx, workloads, dtype or "float32", as_json, quiet, opts)
         return
     if not workloads:
         raise click.UsageError("give --workload NAME (or --calibrate)")
-    if ctx.get_parameter_source("dtype") is ParameterSource.COMMANDLINE:
-        raise click.UsageError("--dtype is read by --calibrate only (the workloads run float32)")
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'kvcli[bench]' "
@@ -108,12 +114,12 @@ def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as
         from kvcli.bench.vllm_system import INSTALL_HINT
 
         raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
-    if "openvino" in compare and opts.get("openvino_python") is None:
+    if {"openvino", "openvino-default"} & set(compare) and opts.get("openvino_python") is None:
         from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
 
         raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
     cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
-                      warmup=not no_warmup, **opts)
+                      warmup=not no_warmup, dtype=dtype, **opts)
     report = _run(cfg, quiet)
     _emit(report, as_json, plot_path)
 

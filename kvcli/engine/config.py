@@ -21,6 +21,8 @@ from kvcli.paths import DEFAULT_MODEL_NAME
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
 MAX_DEFAULT_BLOCKS = 32768
 DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fast here
+PRECISIONS = ("exact", "fast")
 QUANTIZATIONS = ("int8", "gguf", "gguf-int")
 SCHEDULINGS = ("fcfs", "cache-aware")
 
@@ -73,7 +75,18 @@ class EngineConfig:
     scheduling: str = option("fcfs", choices=SCHEDULINGS,
                              help="cache-aware admits requests sharing a prefix together.")
     device: str = option("cpu")
-    dtype: str = option("float32", choices=DTYPES)
+    precision: str = option(
+        "exact", choices=PRECISIONS,
+        help="exact: float32, greedy outputs equal transformers'; fast: the fastest measured "
+             "combination on this CPU (bfloat16 weights where it has AMX-BF16 or AVX512_BF16, "
+             "else float32; with --quantization its weights); --stats names the choice "
+             "(kvcli/model/precision.py).")
+    dtype: str | None = option(  # None: the precision's choice (exact: float32)
+        None, choices=DTYPE_CHOICES,
+        help="The matmul weights' dtype; on the CPU activations, norms, softmax, sampling and "
+             "the KV cache stay float32. Refused where the CPU has no native bfloat16 / "
+             "float16; auto: the checkpoint's where fast here. Overrides --precision's choice. "
+             "Default: --precision's (exact: float32).")
     allow_pickle: bool = option(
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     quantization: str | None = option(  # weights of kvcli/model/quant; None: float

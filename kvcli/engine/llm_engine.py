@@ -31,6 +31,24 @@ from kvcli.sampling_params import SamplingParams
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
 
+def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
+    """The KV cache's dtype: what the model computes in (float32 on the CPU whatever --dtype
+    stores the weights in: model/platform.py compute_dtype)."""
+    platform = getattr(model, "platform", None)
+    if platform is not None:
+        return platform.kv_dtype
+    return torch.float32 if config.dtype in (None, "auto") else getattr(torch, config.dtype)
+
+
+def checkpoint_dtype(model_dir: Path) -> str | None:
+    """config.json's ``torch_dtype`` (or transformers' newer ``dtype``), for --dtype auto."""
+    from kvcli.checkpoint.config import load_config_json
+
+    raw = load_config_json(Path(model_dir) / "config.json")
+    value = raw.get("torch_dtype", raw.get("dtype"))
+    return value if isinstance(value, str) else None
+
+
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: EngineConfig,
                  eos_token_ids: tuple[int, ...] = (), model_dir: Path | None = None) -> None:
@@ -42,7 +60,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len = int(model.max_position_embeddings)
         self.vocab_size = int(model.vocab_size)
-        dtype = getattr(torch, config.dtype)
+        dtype = _kv_dtype(model, config)
         num_blocks = config.num_blocks
         if num_blocks is None:
             per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
@@ -97,10 +115,17 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
+        from kvcli.model.precision import resolve_precision
         from kvcli.tokenizer import Tokenizer
 
+        precision = resolve_precision(config.precision, config.dtype, config.device,
+                                      quantization=config.quantization)
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
                                        quiet=config.quiet, quantization=config.quantization))
+        if config.dtype == "auto":  # the checkpoint's dtype, where it is fast here
+            precision = resolve_precision(config.precision, "auto", config.device,
+                                          checkpoint_dtype(model_dir), config.quantization)
+        dtype = getattr(torch, precision.weights)
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
@@ -110,11 +135,12 @@ class LLMEngine:
         if config.quantization:
             from kvcli.model.quant.load import load_quantized
 
-            model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
-                                   config.device, config.allow_pickle)
+            model = load_quantized(model_dir, config.quantization, dtype, config.device,
+                                   config.allow_pickle)
         else:
-            model = load_model(model_dir, dtype=getattr(torch, config.dtype),
-                               device=config.device, allow_pickle=config.allow_pickle)
+            model = load_model(model_dir, dtype=dtype, device=config.device,
+                               allow_pickle=config.allow_pickle)
+        model.precision = precision  # what --precision / --dtype chose, for Backend.describe()
         eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
         return cls(model, tokenizer, config, eos, model_dir=model_dir)
 

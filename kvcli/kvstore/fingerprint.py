@@ -48,7 +48,9 @@ class ModelFingerprint:
     num_kv_heads: int
     head_dim: int
     rope: dict[str, Any] = field(hash=False)
-    quantization: str = "none"  # EngineConfig.quantization (int8, gguf) or none
+    # EngineConfig.quantization (int8, gguf), narrower float weights ("bfloat16 weights": the
+    # engine's kv_disk.weights_form) or none
+    quantization: str = "none"
     kv_format_version: int = KV_FORMAT_VERSION
     label: str = field(default="", compare=False)  # the model as the user named it (not keyed)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvcli.model.attention import AttentionBackend
 from kvcli.model.platform import Platform
+from kvcli.model.precision import Precision
 from kvcli.model.routes import KernelRoutes
 
 
@@ -25,6 +26,7 @@ class Backend:
     attention: AttentionBackend
     routes: KernelRoutes
     batch1_decode: str
+    precision: Precision | None = None  # what --precision / --dtype chose (None: built directly)
 
     @property
     def native(self) -> ctypes.CDLL | None:
@@ -57,9 +59,17 @@ class Backend:
     def matmul(self) -> str:
         return self.routes.describe()["matmul"] if self.platform.cpu else "torch"
 
+    @property
+    def precision_label(self) -> str:
+        """``exact: float32 weights`` or ``fast: bfloat16 weights (why)``."""
+        if self.precision is None:
+            return str(self.platform.weights).removeprefix("torch.") + " weights"
+        return self.precision.label
+
     def describe(self) -> dict[str, str]:
         """What runs where, for ``--stats`` and the bench JSON."""
-        return {"name": self.name, "isa": self.isa, "decode_attention": self.decode_attention,
+        return {"name": self.name, "isa": self.isa, "precision": self.precision_label,
+                "decode_attention": self.decode_attention,
                 "prefill_attention": self.prefill_attention, "batch1_decode": self.batch1_decode,
                 "matmul": self.matmul, "elementwise": self.elementwise}
 
@@ -69,4 +79,5 @@ def model_backend(model: Any) -> Backend:
     decoder = getattr(model, "_numpy_decoder", None)
     batch1 = "as batched" if decoder is None else "numpy fused" + (
         ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
-    return Backend(model.platform, model.attention_backend, model.routes, batch1)
+    return Backend(model.platform, model.attention_backend, model.routes, batch1,
+                   getattr(model, "precision", None))
