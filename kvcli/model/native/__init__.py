@@ -152,6 +152,14 @@ QINT_VARIANTS = {"avx512-vnni": (0, ("avx512f", "avx512bw", "avx512vl", "avx512_
                  "avx2": (2, ("avx2", "fma", "f16c"))}
 
 
+def qint_available(lib: ctypes.CDLL | None) -> bool:
+    """Whether the integer matmul kernels run here (``--quantization int8`` takes them then)."""
+    try:
+        return lib is not None and bool(qint_variant(lib))
+    except ValueError:
+        return False
+
+
 def qint_variant(lib: ctypes.CDLL) -> str:
     """The integer matmul variant for this CPU: KVCLI_QINT_ISA if set (ValueError when the
     CPU lacks it), else the best the CPU's flags allow. ValueError: none (not x86 AVX2)."""

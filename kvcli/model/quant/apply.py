@@ -64,18 +64,9 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     embed = getattr(inner, "embed_tokens", None)
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
-    if _integer_kernels(model):  # else float32 activations (qgemm.c or the torch path)
+    if native.qint_available(model.routes.native):  # else float32 activations (qgemm.c, torch)
         _pack_model(model)
     return _finish(model)
-
-
-def _integer_kernels(model: nn.Module) -> bool:
-    """Whether this model's CPU runs the integer kernels (int8 uses them where it can)."""
-    lib = model.routes.native
-    try:
-        return lib is not None and bool(native.qint_variant(lib))
-    except ValueError:
-        return False
 
 
 def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
