@@ -27,8 +27,8 @@ def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
     from kvcli.paths import file_digests_dir
 
     root = open_cache_dir(cache_dir, create=False)
-    # ``model_dir`` is the one generate runs: a GGUF's own directory under gguf (the tokenizer's,
-    # resolved with the same mode: command.py), else the float model's.
+    # ``model_dir`` is the one generate runs: a GGUF's own directory under gguf and gguf-int
+    # (the tokenizer's, resolved with the same mode: command.py), else the float model's.
     fingerprint = model_fingerprint(model_config(model_dir), model_dir, dtype, device_type,
                                     block_size, label, file_digests_dir(), quantization)
     return ModelStore(root, fingerprint.digest(), fingerprint.describe())

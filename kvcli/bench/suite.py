@@ -13,7 +13,7 @@ from kvcli.engine.config import EngineConfig
 _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
-QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
+QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
 # kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
 OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
@@ -21,7 +21,7 @@ PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO
          "llamacpp", *QUANTIZED, *PRECISION_PEERS)
 DEFAULT_COMPARE = "hf-generate"
 # Peers that need no float weights in the bench's model directory (else a GGUF is converted).
-NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-no-cache"}
+NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", "kvcli-no-cache"}
 
 
 @dataclass(slots=True)
@@ -103,21 +103,21 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
 def _weights_spec(model_dir: Path, cfg: BenchConfig, mode: str | None) -> str:
     """What kvcli loads ``mode`` from: gguf runs a GGUF spec itself (as generate does, not via
     a conversion's record, whose source may be gone), anything else the bench's directory."""
-    from kvcli.checkpoint.quant_modes import spec_gguf
+    from kvcli.checkpoint.quant_modes import GGUF_MODES, spec_gguf
 
-    return str(cfg.model) if mode == "gguf" and spec_gguf(cfg.model) else str(model_dir)
+    return str(cfg.model) if mode in GGUF_MODES and spec_gguf(cfg.model) else str(model_dir)
 
 
 def bench_model_dir(cfg: BenchConfig, mode: str | None) -> Path:
     """The directory the report names and float peers load: the float32 conversion of a GGUF
     where a row needs float weights, else (a gguf kvcli row, gguf peers only) the GGUF's own
     directory, so the default model is not converted just to be benchmarked natively."""
-    from kvcli.checkpoint.quant_modes import spec_gguf
+    from kvcli.checkpoint.quant_modes import GGUF_MODES, spec_gguf
     from kvcli.model.gguf_convert import resolve_model
 
-    native = mode == "gguf" and spec_gguf(cfg.model) is not None
+    native = mode in GGUF_MODES and spec_gguf(cfg.model) is not None
     if native and set(cfg.compare) <= NATIVE_PEERS:
-        return Path(resolve_model(cfg.model, quantization="gguf"))
+        return Path(resolve_model(cfg.model, quantization=mode))
     return Path(resolve_model(cfg.model))
 
 

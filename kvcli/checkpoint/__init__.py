@@ -7,7 +7,8 @@
   (``integrity.py``) and progress lines (``progress.py``). The one torch step, de-quantizing
   and saving the tensors, is the caller's ``write_tensors`` (kvcli/model/gguf_convert.py).
 - ``gguf_meta.py``: a GGUF's config and tokenizer for ``--quantization gguf`` (no weights);
-  ``quant_modes.py``: which ``--quantization`` modes a directory accepts.
+  ``quant_modes.py``: which ``--quantization`` mode a spec runs in (``resolve_mode``: ``auto``
+  is gguf for a GGUF the gguf mode can run, from its header: ``gguf_header.py``) and accepts.
 - ``config.py``: a ``config.json`` parsed into the ``ModelConfig`` the model layers build from.
 
 Nothing here imports torch or anything above the ground floor (the import-linter contracts in

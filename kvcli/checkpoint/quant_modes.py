@@ -18,7 +18,9 @@ from kvcli.checkpoint.gguf_header import GGUFHeaderError, read_gguf_header
 from kvcli.checkpoint.gguf_meta import linked_gguf
 from kvcli.checkpoint.resolve import DEFAULT_MODEL_NAME, default_gguf_path
 
-MODES = ("int8", "gguf")  # the quantized modes (kvcli/model/quant/load.py loads them)
+MODES = ("int8", "gguf", "gguf-int")  # the quantized modes (kvcli/model/quant/load.py loads them)
+# The modes that run a GGUF file's own tensors (gguf-int: repacked for the integer kernels).
+GGUF_MODES = ("gguf", "gguf-int")
 CHOICES = ("auto", "none", *MODES)  # what --quantization accepts
 # GGML tensor types the gguf mode runs (kvcli/model/quant: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K,
 # Q5_K, Q6_K); tests/test_quant_modes.py keeps this equal to what the loader reads.
@@ -39,10 +41,10 @@ def gguf_source(model_dir: Path) -> Path | None:
 
 
 def available_modes(model_dir: Path | None, gguf_file: Path | None = None) -> list[str]:
-    """What ``--quantization`` accepts for a model: int8 for any loadable model, gguf where a
-    GGUF file is behind it."""
+    """What ``--quantization`` accepts for a model: int8 for any loadable model, gguf and
+    gguf-int where a GGUF file is behind it."""
     has_gguf = gguf_file is not None or (model_dir is not None and gguf_source(model_dir))
-    return ["int8", "gguf"] if has_gguf else ["int8"]
+    return ["int8", *GGUF_MODES] if has_gguf else ["int8"]
 
 
 def spec_gguf(spec: str | None) -> Path | None:

@@ -176,7 +176,8 @@ def resolve_model(spec: str | None = None, allow_pickle: bool = False,
     if quantization in ("auto", "none"):  # a caller's bug: --quantization is resolved first
         raise ValueError(f"resolve_model: quantization {quantization!r}: pass "
                          "checkpoint.quant_modes.resolve_mode()'s result")
-    if quantization == "gguf" and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
+    gguf_mode = quantization in ("gguf", "gguf-int")
+    if gguf_mode and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
         return found
     if spec is None or spec == DEFAULT_MODEL_NAME:
         return ensure_default_model(home, quiet, write_tensors)

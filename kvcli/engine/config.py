@@ -23,7 +23,7 @@ MAX_DEFAULT_BLOCKS = 32768
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fast here
 PRECISIONS = ("exact", "fast")
-QUANTIZATIONS = ("auto", "none", "int8", "gguf")  # = checkpoint/quant_modes.py's CHOICES
+QUANTIZATIONS = ("auto", "none", "int8", "gguf", "gguf-int")  # = quant_modes.py's CHOICES
 SCHEDULINGS = ("fcfs", "cache-aware")
 
 
@@ -90,13 +90,15 @@ class EngineConfig:
     allow_pickle: bool = option(
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     # "auto": a GGUF model in its own types, else float (checkpoint/quant_modes.py resolves it;
-    # from_config stores the result); "int8", "gguf": kvcli/model/quant; None or "none": float
+    # from_config stores the result); others: kvcli/model/quant; None or "none": float
     quantization: str | None = option(
         "auto", choices=QUANTIZATIONS,
         help="Weights: auto runs a GGUF model (the default model included) in its own tensor "
              "types on CPU (= gguf, no float32 conversion) and anything else in float; none "
-             "converts a GGUF to float32; int8 quantizes at load (per output channel); gguf "
-             "runs a GGUF model's own tensor types, memory-mapped.")
+             "converts a GGUF to float32; int8 quantizes at load (per output channel; integer "
+             "dot products where the CPU has AVX2); gguf runs a GGUF model's own tensor types, "
+             "memory-mapped; gguf-int the same weights repacked, activations quantized to int8 "
+             "per 32 values, integer dot products (Q4_0, Q4_1, Q8_0).")
     kv_cache_dir: str | None = option(  # persistent prefix cache on disk (kvcli/kvstore)
         None, parse="kv_cache_dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR",
         help="Persistent prefix cache: full KV blocks are kept in DIR across runs and processes, "
