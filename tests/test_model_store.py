@@ -45,7 +45,9 @@ def test_a_damaged_converted_file_is_an_error_naming_the_directory(tiny_models, 
     assert files["model.safetensors"]["sha256"] == integrity.sha256_file(
         converted / "model.safetensors")
     _overwrite_middle(converted / "model.safetensors", 4096)  # same size, new mtime
-    result = _generate(str(tiny_models.gguf("llama")), [{"prompt": "The fox"}])
+    # --quantization none: the float32 conversion (auto would run the GGUF itself)
+    result = _generate(str(tiny_models.gguf("llama")), [{"prompt": "The fox"}],
+                       "--quantization", "none")
     assert result.exit_code == 2 and result.stdout == ""
     [line] = result.stderr.splitlines()
     assert "model.safetensors was modified after kvcli wrote it" in line
@@ -66,7 +68,8 @@ def test_a_truncated_converted_file_names_the_cache_directory(tiny_models, kvcli
     record = json.loads((converted / MARKER).read_text())
     del record["files"]
     (converted / MARKER).write_text(json.dumps(record))
-    result = _generate(str(tiny_models.gguf("llama")), [{"prompt": "The fox"}])
+    result = _generate(str(tiny_models.gguf("llama")), [{"prompt": "The fox"}],
+                       "--quantization", "none")
     assert result.exit_code == 2
     [line] = result.stderr.splitlines()
     assert f"{weights}: unreadable (SafetensorError: " in line
