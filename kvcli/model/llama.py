@@ -6,6 +6,8 @@ for the fused projections listed in ``packed_modules``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -110,8 +112,9 @@ class LlamaForCausalLM(nn.Module):
         # backend every layer runs, and which kernels its matmuls, norms and RoPE take.
         self.platform = detect_platform(device, dtype)
         self.routes: KernelRoutes = select_routes(self.platform)
+        self._attention_specs = [spec.attention for spec in specs]
         self.attention_backend: AttentionBackend = select_attention_backend(
-            self.platform, [spec.attention for spec in specs])
+            self.platform, self._attention_specs)
         layers = []
         for i, spec in enumerate(specs):
             attn = DecoderAttention(cfg, spec, self.attention_backend.layer(spec.attention),
@@ -148,8 +151,24 @@ class LlamaForCausalLM(nn.Module):
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
-        fits = self.numpy_decode_equivalent and NumpyDecoder.supports(self)
+        fits = (self.numpy_decode_equivalent and NumpyDecoder.supports(self)
+                and self.platform.kv_dtype == torch.float32)  # it reads a float32 cache
         self._numpy_decoder = NumpyDecoder(self) if fits else None
+
+    def set_kv_cache_dtype(self, kv_dtype: torch.dtype) -> None:
+        """Attend a ``kv_dtype`` pool (the engine's --kv-cache-dtype; torch.uint8: int8 rows)
+        instead of one in the model's dtype: the platform's KV dtype changes, so the selector
+        picks the backend again and every layer takes its implementation (ValueError: no
+        backend reads that cache here). The kernel routes do not depend on it."""
+        if kv_dtype == self.platform.kv_dtype:
+            return
+        platform = replace(self.platform, kv_dtype=kv_dtype)
+        backend = select_attention_backend(platform, self._attention_specs)
+        self.platform, self.attention_backend = platform, backend
+        for layer, spec in zip(self.model.layers, self._attention_specs, strict=True):
+            layer.self_attn.attn = backend.layer(spec)
+        if self._numpy_decoder is not None:
+            self.enable_fast_decode()
 
     @property
     def ignored_checkpoint_suffixes(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from kvcli.model import native
 @dataclass(frozen=True, slots=True)
 class Platform:
     device: torch.device
-    kv_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the pool's element type; torch.uint8: the int8 cache (native_int8.py)
     native: Any  # the compiled CPU kernels (ctypes.CDLL), or None: the torch routes
     isa: str  # what they were built for ("avx512", "avx2+fma"; KVCLI_NATIVE_ISA), "" without
 
@@ -27,13 +27,15 @@ class Platform:
         return self.device.type == "cpu"
 
 
-def detect_platform(device: torch.device | str, kv_dtype: torch.dtype) -> Platform:
-    """The platform of a model on ``device`` with a ``kv_dtype`` cache. The native kernels
-    (float32 only) are loaded for a CPU float32 model; KVCLI_NATIVE=0, KVCLI_NATIVE_ISA and a
-    missing compiler are honoured by ``native.load()``."""
+def detect_platform(device: torch.device | str, dtype: torch.dtype,
+                    kv_dtype: torch.dtype | None = None) -> Platform:
+    """The platform of a ``dtype`` model on ``device`` with a ``kv_dtype`` cache (default: the
+    model's dtype). The native kernels (float32 math only) are loaded for a CPU float32 model;
+    KVCLI_NATIVE=0, KVCLI_NATIVE_ISA and a missing compiler are honoured by ``native.load()``."""
     device = torch.device(device)
-    lib = native.load() if device.type == "cpu" and kv_dtype == torch.float32 else None
-    return Platform(device, kv_dtype, lib, kernel_isa(lib) if lib is not None else "")
+    lib = native.load() if device.type == "cpu" and dtype == torch.float32 else None
+    return Platform(device, dtype if kv_dtype is None else kv_dtype, lib,
+                    kernel_isa(lib) if lib is not None else "")
 
 
 def kernel_isa(lib: ctypes.CDLL) -> str:

@@ -1,0 +1,178 @@
+/* The int8 KV cache's write and its paged decode attention (kv_int8.h has the row layout).
+ *
+ * kvcli_quantize_kv writes new K or V rows into their slots, per token and KV head: min and
+ * max of the row give scale = (max - min) / 255 and zero = -min / scale.
+ *
+ * kvcli_paged_decode_attention_int8 is paged_attention.c's decode kernel reading the codes in
+ * place: a decode step is memory-bound on K/V (~480 MB a step at batch 32 in float32), and a
+ * code is one byte. The codes are widened to float in registers and the affine parameters are
+ * applied per token, not per element:
+ *   q.k = scale * (q.u) + bias * sum(q)
+ *   sum_t p_t v_t = sum_t (p_t scale_t) u_t + sum_t p_t bias_t      (one scalar per head)
+ * The loops are plain C over a compile-time head size; -O3 -ffast-math vectorizes the
+ * widening (vpmovzxbd + vcvtdq2ps) for the build's ISA: AVX-512 or AVX2 (KVCLI_NATIVE_ISA).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kv_int8.h"
+#include "pool.h"
+
+void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int64_t num_tokens,
+                       int64_t num_kv_heads, int64_t head_dim) {
+    const int64_t D = head_dim, R = kv8_row(D);
+    for (int64_t t = 0; t < num_tokens; t++)
+        for (int64_t h = 0; h < num_kv_heads; h++) {
+            const float *src = x + (t * num_kv_heads + h) * D;
+            uint8_t *dst = cache + (slots[t] * num_kv_heads + h) * R;
+            float lo = src[0], hi = src[0];
+            for (int64_t d = 1; d < D; d++) {
+                lo = src[d] < lo ? src[d] : lo;
+                hi = src[d] > hi ? src[d] : hi;
+            }
+            /* A constant row keeps scale 1: its codes are all 0 and stand for lo exactly. */
+            const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f, inv = 1.0f / scale;
+            for (int64_t d = 0; d < D; d++) {
+                const float c = rintf((src[d] - lo) * inv);
+                dst[d] = (uint8_t)(c < 0.0f ? 0.0f : c > 255.0f ? 255.0f : c);
+            }
+            const float params[2] = {scale, -lo * inv};
+            memcpy(dst + D, params, sizeof params);
+        }
+}
+
+typedef struct {
+    const float *q;              /* [S, H, D] */
+    const uint8_t *k, *v;        /* [num_slots, Hkv, kv8_row(D)] bytes */
+    const int64_t *block_tables; /* [S, max_blocks] */
+    const int64_t *seq_lens;     /* [S]: context length including the new token */
+    float *out;                  /* [S, H, D] */
+    int64_t num_heads, num_kv_heads, head_dim, block_size, max_blocks, window;
+    float scale;
+    int64_t begin, end; /* sequences [begin, end) */
+    int status;
+} job_t;
+
+typedef struct {
+    int64_t *rows;             /* [n]: each context token's byte offset in the cache */
+    float *scores, *acc, *sum; /* [H, n], [H, D], [H]: sum(q) for the scores, then sum p*bias */
+} scratch_t;
+
+/* ATTEND8(NAME, DIM): all query heads of sequence s; DIM a compile-time head size where one
+ * is given (the inner loops then unroll into vector registers), else j->head_dim. */
+#define ATTEND8(NAME, DIM)                                                                     \
+    static void NAME(const job_t *j, int64_t s, scratch_t *w) {                                \
+        const int64_t D = (DIM), R = kv8_row(D), Hkv = j->num_kv_heads, bs = j->block_size;    \
+        const int64_t H = j->num_heads, group = H / Hkv, len = j->seq_lens[s];                 \
+        const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;        \
+        const int64_t n = len - first, *table = j->block_tables + s * j->max_blocks;           \
+        const float *q = j->q + s * H * D;                                                     \
+        for (int64_t t = 0; t < n; t++) {                                                      \
+            const int64_t pos = first + t;                                                     \
+            w->rows[t] = (table[pos / bs] * bs + pos % bs) * Hkv * R;                          \
+        }                                                                                      \
+        for (int64_t hh = 0; hh < H; hh++) {                                                   \
+            float total = 0.0f;                                                                \
+            for (int64_t d = 0; d < D; d++) total += q[hh * D + d];                            \
+            w->sum[hh] = total;                                                                \
+        }                                                                                      \
+        for (int64_t t = 0; t < n; t++)                                                        \
+            for (int64_t g = 0; g < Hkv; g++) {                                                \
+                const uint8_t *u = j->k + w->rows[t] + g * R;                                  \
+                float sc, bias;                                                                \
+                kv8_params(u, D, &sc, &bias);                                                  \
+                for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {                     \
+                    const float *qh = q + hh * D;                                              \
+                    float dot = 0.0f;                                                          \
+                    for (int64_t d = 0; d < D; d++) dot += qh[d] * (float)u[d];                \
+                    w->scores[hh * n + t] = (sc * dot + bias * w->sum[hh]) * j->scale;         \
+                }                                                                              \
+            }                                                                                  \
+        for (int64_t hh = 0; hh < H; hh++) {                                                   \
+            float *row = w->scores + hh * n, top = row[0];                                     \
+            for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;                 \
+            for (int64_t t = 0; t < n; t++) row[t] = expf(row[t] - top);                       \
+            w->sum[hh] = 0.0f;                                                                 \
+        }                                                                                      \
+        for (int64_t i = 0; i < H * D; i++) w->acc[i] = 0.0f;                                  \
+        for (int64_t t = 0; t < n; t++)                                                        \
+            for (int64_t g = 0; g < Hkv; g++) {                                                \
+                const uint8_t *u = j->v + w->rows[t] + g * R;                                  \
+                float sc, bias;                                                                \
+                kv8_params(u, D, &sc, &bias);                                                  \
+                for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {                     \
+                    const float p = w->scores[hh * n + t], ps = p * sc;                        \
+                    float *a = w->acc + hh * D;                                                \
+                    w->sum[hh] += p * bias;                                                    \
+                    for (int64_t d = 0; d < D; d++) a[d] += ps * (float)u[d];                  \
+                }                                                                              \
+            }                                                                                  \
+        for (int64_t hh = 0; hh < H; hh++) {                                                   \
+            const float *row = w->scores + hh * n;                                             \
+            float total = 0.0f;                                                                \
+            for (int64_t t = 0; t < n; t++) total += row[t];                                   \
+            const float inv = 1.0f / total, shift = w->sum[hh];                                \
+            float *o = j->out + (s * H + hh) * D;                                              \
+            for (int64_t d = 0; d < D; d++) o[d] = (w->acc[hh * D + d] + shift) * inv;         \
+        }                                                                                      \
+    }
+
+ATTEND8(attend8_64, 64)
+ATTEND8(attend8_128, 128)
+ATTEND8(attend8_any, j->head_dim)
+
+static void run_job(const void *jobs, int64_t t, int64_t n) {
+    (void)n;
+    job_t *j = (job_t *)jobs + t;
+    int64_t longest = 1;
+    for (int64_t s = j->begin; s < j->end; s++)
+        longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
+    scratch_t w = {malloc(sizeof(int64_t) * longest),
+                   malloc(sizeof(float) * j->num_heads * longest),
+                   malloc(sizeof(float) * j->num_heads * j->head_dim),
+                   malloc(sizeof(float) * j->num_heads)};
+    if (!w.rows || !w.scores || !w.acc || !w.sum) {
+        j->status = 1;
+    } else {
+        void (*attend)(const job_t *, int64_t, scratch_t *) =
+            j->head_dim == 64 ? attend8_64 : j->head_dim == 128 ? attend8_128 : attend8_any;
+        for (int64_t s = j->begin; s < j->end; s++) attend(j, s, &w);
+    }
+    free(w.rows);
+    free(w.scores);
+    free(w.acc);
+    free(w.sum);
+}
+
+/* Returns 0 on success, 1 when memory ran out. The arguments are paged_attention.c's. */
+int kvcli_paged_decode_attention_int8(const float *q, const uint8_t *k, const uint8_t *v,
+                                      const int64_t *block_tables, const int64_t *seq_lens,
+                                      float *out, int64_t num_seqs, int64_t num_heads,
+                                      int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                      int64_t max_blocks, int64_t window, float scale,
+                                      int64_t num_threads) {
+    enum { MAX_THREADS = 64 };
+    job_t jobs[MAX_THREADS];
+    if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
+    if (num_threads > num_seqs) num_threads = num_seqs;
+    if (num_threads < 1) num_threads = 1;
+    int64_t total = 0; /* split sequences into ranges of about equal context length */
+    for (int64_t s = 0; s < num_seqs; s++) total += seq_lens[s];
+    int64_t item = 0, done = 0;
+    for (int64_t t = 0; t < num_threads; t++) {
+        job_t *j = &jobs[t];
+        *j = (job_t){q, k, v, block_tables, seq_lens, out, num_heads, num_kv_heads, head_dim,
+                     block_size, max_blocks, window, scale, item, item, 0};
+        const int64_t target = total * (t + 1) / num_threads;
+        while (item < num_seqs && (done < target || t == num_threads - 1)) {
+            done += seq_lens[item];
+            item++;
+        }
+        j->end = item;
+    }
+    kvcli_parallel(run_job, jobs, num_threads, KVCLI_SPIN_NS);
+    int status = 0;
+    for (int64_t t = 0; t < num_threads; t++) status |= jobs[t].status;
+    return status;
+}
