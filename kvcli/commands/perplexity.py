@@ -25,6 +25,9 @@ import click
               show_default=True, help="Token budget of one engine step.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
               default="float32", show_default=True)
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
+              default="auto", show_default=True,
+              help="Score with this KV cache (as `kvcli generate --kv-cache-dtype`; auto = --dtype).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
@@ -48,14 +51,16 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
     doc = {"file": text_file, "model": opts["model"],
-           "quantization": opts["quantization"] or "none", **result.to_dict()}
+           "quantization": opts["quantization"] or "none",
+           "kv_cache_dtype": opts["kv_cache_dtype"], **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"{text_file}: {doc['text_tokens']} tokens, {doc['windows']} windows of "
                f"{doc['context']}, {doc['tokens_scored']} scored in {doc['seconds']:.1f} s")
     click.echo(f"PPL = {doc['ppl']:.4f} +/- {doc['ppl_error']:.5f}  "
-               f"(model {doc['model']}, quantization {doc['quantization']})")
+               f"(model {doc['model']}, quantization {doc['quantization']}, "
+               f"KV cache {doc['kv_cache_dtype']})")
 
 
 def _measure(text: str, opts: dict[str, Any]) -> Any:
@@ -64,7 +69,8 @@ def _measure(text: str, opts: dict[str, Any]) -> Any:
 
     config = EngineConfig(model=opts["model"], quantization=opts["quantization"],
                           max_num_batched_tokens=opts["max_num_batched_tokens"],
-                          dtype=opts["dtype"], device=opts["device"])
+                          dtype=opts["dtype"], device=opts["device"],
+                          kv_cache_dtype=opts["kv_cache_dtype"])
     try:
         engine = LLMEngine.from_config(config)
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2

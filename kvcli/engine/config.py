@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
+KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8")
 MAX_DEFAULT_BLOCKS = 32768
 
 
@@ -22,6 +23,10 @@ class EngineConfig:
     scheduling: str = "fcfs"  # or "cache-aware"
     device: str = "cpu"
     dtype: str = "float32"
+    # The KV pool's element type: "auto" (the model's --dtype: today's exact cache), float32,
+    # bfloat16, float16, or int8 (per token and KV head uint8 codes with a float32 scale and zero
+    # point, read in place by the native CPU kernels: ~3.6x the tokens per byte, not exact).
+    kv_cache_dtype: str = "auto"
     allow_pickle: bool = False
     seed: int = 0
     quiet: bool = False  # no model conversion or download progress on stderr

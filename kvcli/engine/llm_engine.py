@@ -32,7 +32,11 @@ NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: EngineConfig,
                  eos_token_ids: tuple[int, ...] = (), model_dir: Path | None = None) -> None:
-        from kvcli.model.attention import allocate_kv_cache, kv_cache_bytes_per_block
+        from kvcli.model.attention import (
+            allocate_kv_cache,
+            kv_cache_bytes_per_block,
+            kv_storage_dtype,
+        )
 
         self.config = config
         self.model = model
@@ -40,7 +44,8 @@ class LLMEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len = int(model.max_position_embeddings)
         self.vocab_size = int(model.vocab_size)
-        dtype = getattr(torch, config.dtype)
+        dtype = kv_storage_dtype(config.kv_cache_dtype, getattr(torch, config.dtype))
+        self._use_kv_dtype(dtype)
         num_blocks = config.num_blocks
         if num_blocks is None:
             per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
@@ -52,6 +57,16 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.structured: Any = None  # kvcli.structured's StructuredDecoding, made on first use
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+
+    def _use_kv_dtype(self, dtype: torch.dtype) -> None:
+        """The model attends a pool of ``dtype`` (--kv-cache-dtype; its backend is picked again
+        where that differs from the model's dtype)."""
+        setter = getattr(self.model, "set_kv_cache_dtype", None)
+        if setter is not None:
+            setter(dtype)
+        elif dtype != getattr(torch, self.config.dtype):
+            raise ValueError(f"kv_cache_dtype: {type(self.model).__name__} attends caches in "
+                             f"its own dtype only")
 
     def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
         if self.config.kv_cache_dir is None:

@@ -22,6 +22,24 @@ def kv_cache_dtype_name(dtype: torch.dtype) -> str:
     return next(name for name, value in KV_CACHE_DTYPES.items() if value == dtype)
 
 
+def kv_storage_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's element type for ``--kv-cache-dtype name`` under a ``model_dtype`` model
+    (ValueError: a combination no attention route reads)."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype: expected auto or one of {', '.join(KV_CACHE_DTYPES)}, "
+                         f"got {name!r}")
+    dtype, model = KV_CACHE_DTYPES[name], str(model_dtype).removeprefix("torch.")
+    if dtype == INT8_STORAGE and model_dtype != torch.float32:
+        raise ValueError(f"kv_cache_dtype: int8 needs --dtype float32 (its kernels compute in "
+                         f"float32), got {model}")
+    if dtype != INT8_STORAGE and dtype != model_dtype:
+        raise ValueError(f"kv_cache_dtype: a {name} cache under a {model} model has no attention "
+                         f"kernel yet; use auto (the model's dtype) or int8")
+    return dtype
+
+
 class KVCacheSpec(Protocol):
     """Anything that knows the cache geometry: a loaded model or its ModelConfig."""
 
