@@ -51,7 +51,7 @@ def _models(opts: AuditOptions, profile: Profile) -> CacheModels:
 
         tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
         if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
-            token_bytes = bytes_per_token(tokenizer.directory, opts.dtype)
+            token_bytes = bytes_per_token(tokenizer.directory, opts.kv_dtype())
     if opts.concurrency is not None and opts.cache_size is None:
         raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
     blocks = None
@@ -94,7 +94,7 @@ def run_trace(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         click.echo("kvcli audit: error: no trace lines to replay", err=True)
         return 2
     capacity = models.report()
-    capacity.kv_dtype = opts.dtype if capacity.token_bytes else None
+    capacity.kv_dtype = opts.kv_dtype() if capacity.token_bytes else None
     if opts.fmt == "json":
         out.write(orjson.dumps(trace_dict(replay, capacity, problems, opts.prefill_tok_s), option=orjson.OPT_INDENT_2) + b"\n")
     else:

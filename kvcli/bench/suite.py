@@ -11,7 +11,10 @@ from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED)
+# kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
+KV_DTYPES = {"kvcli-int8kv": "int8"}
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED,
+         *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -29,6 +32,7 @@ class BenchConfig:
     hf_batch_size: int = 8
     hf_page_size: int = 32
     max_num_batched_tokens: int = 1024
+    kv_cache_dtype: str = "auto"  # kvcli's (the reference's) KV cache, as generate's flag
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
@@ -62,7 +66,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
     from kvcli.bench.systems import KvcliSystem
 
     progress(f"loading kvcli engine ({model_dir})")
-    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens)
+    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens,
+                             kv_cache_dtype=cfg.kv_cache_dtype)
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
@@ -77,6 +82,9 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
                                                  cfg.max_num_batched_tokens))
         elif name in QUANTIZED:
             systems.append(load_quantized(name, model_dir, cfg))
+        elif name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
+            systems.append(KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, name=name,
+                                            kv_cache_dtype=KV_DTYPES[name]))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems

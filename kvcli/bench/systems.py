@@ -61,13 +61,14 @@ class KvcliSystem:
 
     @classmethod
     def load(cls, model: str | None, max_num_batched_tokens: int,
-             quantization: str | None = None, name: str = KVCLI) -> KvcliSystem:
+             quantization: str | None = None, name: str = KVCLI,
+             kv_cache_dtype: str = "auto") -> KvcliSystem:
         """An engine for ``model`` (a directory or a --model spec), as `kvcli generate
-        --quantization` would load it."""
+        --quantization --kv-cache-dtype` would load it."""
         from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
         config = EngineConfig(model=model, max_num_batched_tokens=max_num_batched_tokens,
-                              quantization=quantization)
+                              quantization=quantization, kv_cache_dtype=kv_cache_dtype)
         return cls(LLMEngine.from_config(config), name)
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
@@ -75,9 +76,11 @@ class KvcliSystem:
 
     @property
     def exact(self) -> bool:
-        """Float weights: greedy outputs equal the float32 reference's. Quantized weights change
-        the logits, so their agreement with it is measured instead (runner.greedy_agreement)."""
-        return self.base.config.quantization is None
+        """Float weights and cache: greedy outputs equal the float32 reference's. Quantized
+        weights or an int8 KV cache change the logits, so their agreement with it is measured
+        instead (runner.greedy_agreement)."""
+        config = self.base.config
+        return config.quantization is None and config.kv_cache_dtype in ("auto", config.dtype)
 
     @property
     def max_model_len(self) -> int:

@@ -33,8 +33,9 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="Model name or local directory / .gguf file.")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights: "
-                   "their greedy agreement with float32 is reported) ('none' for kvcli alone).")
+                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
+                   "kvcli-int8kv (kvcli with an int8 KV cache): the quantized ones' greedy "
+                   "agreement with float32 is reported ('none' for kvcli alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
@@ -61,6 +62,10 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate-batch: tokens per page of its paged cache.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
               show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "int8"]),
+              default="auto", show_default=True,
+              help="kvcli's KV cache, as `kvcli generate --kv-cache-dtype` (the reference's; "
+                   "--compare kvcli-int8kv runs int8 beside the default in the same run).")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),

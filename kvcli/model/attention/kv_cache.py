@@ -11,7 +11,6 @@ import torch
 
 from kvcli.model.attention.native_int8 import INT8_ROW_EXTRA, INT8_STORAGE
 
-
 #: --kv-cache-dtype -> the pool's element type ("auto" is the model's dtype: the engine's choice).
 KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                    "float16": torch.float16, "int8": INT8_STORAGE}
