@@ -59,6 +59,126 @@ typedef struct {
     float *scores, *acc, *sum; /* [H, n], [H, D], [H]: sum(q) for the scores, then sum p*bias */
 } scratch_t;
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* [sum a, sum b, sum c, sum d] in one vector (paged_attention.c's). */
+static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+#if defined(__AVX512F__)
+#define QW 16 /* codes widened per step: 16 into a 512-bit register */
+typedef __m512 acc_t;
+static inline acc_t widen(const uint8_t *u) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)u)));
+}
+#define ACC_LOAD _mm512_loadu_ps
+#define ACC_STORE _mm512_storeu_ps
+#define ACC_FMA _mm512_fmadd_ps
+#define ACC_SET1 _mm512_set1_ps
+static inline __m256 fold(acc_t a) { /* 16 lanes to 8, for hsum4 */
+    return _mm256_add_ps(_mm512_castps512_ps256(a),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+#define ACC_ZERO _mm512_setzero_ps()
+#else
+#define QW 8
+typedef __m256 acc_t;
+static inline acc_t widen(const uint8_t *u) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)u)));
+}
+#define ACC_LOAD _mm256_loadu_ps
+#define ACC_STORE _mm256_storeu_ps
+#define ACC_FMA _mm256_fmadd_ps
+#define ACC_SET1 _mm256_set1_ps
+static inline __m256 fold(acc_t a) { return a; }
+#define ACC_ZERO _mm256_setzero_ps()
+#endif
+static inline acc_t widen_fma(const float *q, const uint8_t *u, acc_t a) {
+    return ACC_FMA(ACC_LOAD(q), widen(u), a);
+}
+#endif
+
+/* acc[hh] += p[hh] * scale * codes for the `group` query heads hh of one KV head's V row u
+ * (sum[hh] += p[hh] * bias): the codes are widened once for all of them. */
+static inline void pv8_accumulate(const uint8_t *u, int64_t D, const float *p, int64_t group,
+                                  float *acc, float *sum) {
+    float sc, bias;
+    kv8_params(u, D, &sc, &bias);
+#if defined(__AVX2__) && defined(__FMA__)
+    if (D % QW == 0 && D <= 128) {
+        acc_t x[128 / QW];
+        for (int64_t c = 0; c < D / QW; c++) x[c] = widen(u + c * QW);
+        for (int64_t i = 0; i < group; i++) {
+            const acc_t ps = ACC_SET1(p[i] * sc);
+            float *a = acc + i * D;
+            sum[i] += p[i] * bias;
+            for (int64_t c = 0; c < D / QW; c++)
+                ACC_STORE(a + c * QW, ACC_FMA(ps, x[c], ACC_LOAD(a + c * QW)));
+        }
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < group; i++) {
+        const float ps = p[i] * sc;
+        float *a = acc + i * D;
+        sum[i] += p[i] * bias;
+        for (int64_t d = 0; d < D; d++) a[d] += ps * (float)u[d];
+    }
+}
+
+/* scores[hh * n + t] = scale * q[hh].k[t] over the int8 rows, for all H = Hkv * group query
+ * heads; rows[t] is token t's byte offset in the cache. With AVX2 (and wider with AVX-512)
+ * four tokens are dotted at once and their four horizontal sums share one reduction, as in
+ * paged_attention.c: a dot's reduction otherwise costs about as much as its multiply-adds. */
+static void qk8_scores(const float *q, const float *qsum, int64_t Hkv, int64_t group, int64_t D,
+                       const uint8_t *k, const int64_t *rows, int64_t n, float scale,
+                       float *scores) {
+    const int64_t R = kv8_row(D);
+    int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (D % QW == 0) {
+        for (; t + 4 <= n; t += 4)
+            for (int64_t g = 0; g < Hkv; g++) {
+                const uint8_t *u[4];
+                float sc[4], bias[4];
+                for (int i = 0; i < 4; i++) {
+                    u[i] = k + rows[t + i] + g * R;
+                    kv8_params(u[i], D, &sc[i], &bias[i]);
+                }
+                const __m128 vsc = _mm_loadu_ps(sc), vbias = _mm_loadu_ps(bias);
+                for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {
+                    const float *qh = q + hh * D;
+                    acc_t a0 = ACC_ZERO, a1 = a0, a2 = a0, a3 = a0;
+                    for (int64_t d = 0; d < D; d += QW) {
+                        a0 = widen_fma(qh + d, u[0] + d, a0);
+                        a1 = widen_fma(qh + d, u[1] + d, a1);
+                        a2 = widen_fma(qh + d, u[2] + d, a2);
+                        a3 = widen_fma(qh + d, u[3] + d, a3);
+                    }
+                    const __m128 dots = hsum4(fold(a0), fold(a1), fold(a2), fold(a3));
+                    const __m128 x = _mm_fmadd_ps(vsc, dots, _mm_mul_ps(vbias, _mm_set1_ps(qsum[hh])));
+                    _mm_storeu_ps(scores + hh * n + t, _mm_mul_ps(x, _mm_set1_ps(scale)));
+                }
+            }
+    }
+#endif
+    for (; t < n; t++)
+        for (int64_t g = 0; g < Hkv; g++) {
+            const uint8_t *u = k + rows[t] + g * R;
+            float sc, bias;
+            kv8_params(u, D, &sc, &bias);
+            for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {
+                const float *qh = q + hh * D;
+                float dot = 0.0f;
+                for (int64_t d = 0; d < D; d++) dot += qh[d] * (float)u[d];
+                scores[hh * n + t] = (sc * dot + bias * qsum[hh]) * scale;
+            }
+        }
+}
+
 /* ATTEND8(NAME, DIM): all query heads of sequence s; DIM a compile-time head size where one
  * is given (the inner loops then unroll into vector registers), else j->head_dim. */
 #define ATTEND8(NAME, DIM)                                                                     \
@@ -77,18 +197,7 @@ typedef struct {
             for (int64_t d = 0; d < D; d++) total += q[hh * D + d];                            \
             w->sum[hh] = total;                                                                \
         }                                                                                      \
-        for (int64_t t = 0; t < n; t++)                                                        \
-            for (int64_t g = 0; g < Hkv; g++) {                                                \
-                const uint8_t *u = j->k + w->rows[t] + g * R;                                  \
-                float sc, bias;                                                                \
-                kv8_params(u, D, &sc, &bias);                                                  \
-                for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {                     \
-                    const float *qh = q + hh * D;                                              \
-                    float dot = 0.0f;                                                          \
-                    for (int64_t d = 0; d < D; d++) dot += qh[d] * (float)u[d];                \
-                    w->scores[hh * n + t] = (sc * dot + bias * w->sum[hh]) * j->scale;         \
-                }                                                                              \
-            }                                                                                  \
+        qk8_scores(q, w->sum, Hkv, group, D, j->k, w->rows, n, j->scale, w->scores);          \
         for (int64_t hh = 0; hh < H; hh++) {                                                   \
             float *row = w->scores + hh * n, top = row[0];                                     \
             for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;                 \
@@ -98,15 +207,10 @@ typedef struct {
         for (int64_t i = 0; i < H * D; i++) w->acc[i] = 0.0f;                                  \
         for (int64_t t = 0; t < n; t++)                                                        \
             for (int64_t g = 0; g < Hkv; g++) {                                                \
-                const uint8_t *u = j->v + w->rows[t] + g * R;                                  \
-                float sc, bias;                                                                \
-                kv8_params(u, D, &sc, &bias);                                                  \
-                for (int64_t hh = g * group; hh < (g + 1) * group; hh++) {                     \
-                    const float p = w->scores[hh * n + t], ps = p * sc;                        \
-                    float *a = w->acc + hh * D;                                                \
-                    w->sum[hh] += p * bias;                                                    \
-                    for (int64_t d = 0; d < D; d++) a[d] += ps * (float)u[d];                  \
-                }                                                                              \
+                float p[group];                                                                \
+                for (int64_t i = 0; i < group; i++) p[i] = w->scores[(g * group + i) * n + t]; \
+                pv8_accumulate(j->v + w->rows[t] + g * R, D, p, group,                         \
+                               w->acc + g * group * D, w->sum + g * group);                    \
             }                                                                                  \
         for (int64_t hh = 0; hh < H; hh++) {                                                   \
             const float *row = w->scores + hh * n;                                             \
