@@ -91,3 +91,24 @@ def test_refusals(tiny_models, monkeypatch):
             LLM(model, kv_cache_dtype="int8")
     finally:
         native.load_variant.cache_clear()
+
+
+def test_generate_flag_reaches_the_engine(tiny_models, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from kvcli.cli import main
+
+    stats = tmp_path / "stats.json"
+    res = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
+                                    "--kv-cache-dtype", "int8", "--max-tokens", "4",
+                                    "--stats", str(stats)],
+                             input='{"prompt": "The fox went"}\n', catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    backend = json.loads(stats.read_text())["backend"]
+    assert backend["kv_cache_dtype"] == "int8" and "int8" in backend["decode_attention"]
+    refused = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
+                                        "--kv-cache-dtype", "bfloat16"],
+                                 input='{"prompt": "The fox went"}\n')
+    assert refused.exit_code == 2 and "bfloat16 cache under a float32 model" in refused.output
