@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The default model (--model's default), converted once into models_dir() / DEFAULT_MODEL_NAME;
+# here, not in checkpoint/, so the engine's options read it without loading the resolver.
+DEFAULT_MODEL_NAME = "smollm2-135m"
+
 
 def kvcli_home(home: Path | None = None) -> Path:
     """kvcli's cache root: `home`, else $KVCLI_HOME, else ~/.cache/kvcli."""

@@ -31,6 +31,7 @@ class ConstrainedReference:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from kvcli.engine.config import EngineConfig
         from kvcli.model.loader import read_eos_token_ids
         from kvcli.tokenizer import Tokenizer
 
@@ -38,7 +39,8 @@ class ConstrainedReference:
         self.model.eval()
         self.eos = list(read_eos_token_ids(self.model_dir))
         vocab = self.model.config.vocab_size
-        self.grammars = GrammarCache(Tokenizer.from_dir(self.model_dir), vocab, tuple(self.eos))
+        self.grammars = GrammarCache(Tokenizer.from_dir(self.model_dir), vocab, tuple(self.eos),
+                                     EngineConfig().structured_compile_timeout)
 
     def generate(self, prompt: list[int], params: StructuredOutputsParams) -> list[int]:
         import torch

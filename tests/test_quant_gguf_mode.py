@@ -5,6 +5,7 @@ own tensors. It must give what the converted path gives, bit for bit, without co
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -84,5 +85,14 @@ def test_kv_pool_is_zero_and_prefaulting_keeps_what_was_written():
     pool = zeroed_cpu_tensor((4, 1 << 18), torch.float32, prefault=False)  # 4 MiB
     assert pool.is_contiguous() and not pool.any()
     pool[1, 7] = 3.5
-    _populate(pool, pool.numel() * 4)
+    _populate(weakref.ref(pool), pool.data_ptr(), pool.numel() * 4)
     assert pool[1, 7] == 3.5 and int((pool != 0).sum()) == 1
+
+
+def test_a_dropped_pool_is_freed_while_its_prefault_runs():
+    """The prefault thread must not keep a dropped engine's pool (fully faulted in) alive: the
+    test suite's in-process engines piled up gigabytes that way."""
+    pool = zeroed_cpu_tensor((64, 1 << 20), torch.float32)  # 256 MiB: its prefault takes a while
+    alive = weakref.ref(pool)
+    del pool
+    assert alive() is None

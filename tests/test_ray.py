@@ -32,6 +32,7 @@ from kvcli.cli import main
 from kvcli.distributed.options import RayOptions
 from kvcli.distributed.prediction import SingleEnginePrediction
 from kvcli.distributed.routing import PrefixRouter, RandomRouter, routing_key
+from kvcli.engine.config import EngineConfig
 from kvcli.hashing import hash_token_blocks
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -229,7 +230,7 @@ class Captured:
 def config(model: str, inp: Path, out: Path, **kw: Any) -> Any:
     from kvcli.batch.run import GenerateConfig
 
-    engine = {"model": model, "num_blocks": 256, "max_num_seqs": 1}
+    engine = EngineConfig(model=model, num_blocks=256, max_num_seqs=1)
     return GenerateConfig(input=str(inp), output=str(out), quiet=True, token_ids=True,
                           stats_path=str(out) + ".stats", engine=engine, **kw)
 

@@ -29,6 +29,7 @@ from test_structured_tools import hermes_model  # noqa: F401 - a fixture
 
 from kvcli.batch.config import GenerateConfig
 from kvcli.batch.run import load_engine, run_generate
+from kvcli.engine.config import EngineConfig
 from kvcli.sampling_params import SamplingParams
 
 # Placeholders a line holds as strings, replaced in its JSON text by what json.dumps cannot
@@ -158,15 +159,14 @@ def _line(value: Any) -> bytes:
 
 @pytest.fixture(scope="module")
 def engine(hermes_model):  # noqa: F811 - the fixture
-    return load_engine(GenerateConfig(input="-", engine={"model": str(hermes_model),
-                                                         "block_size": 4, "num_blocks": 512,
-                                                         "max_num_seqs": 16}))
+    return load_engine(GenerateConfig(input="-", engine=EngineConfig(
+        model=str(hermes_model), block_size=4, num_blocks=512, max_num_seqs=16)))
 
 
 def _run(engine: Any, inp: Path, out: Path, resume: bool = False) -> tuple[int, str]:
     cfg = GenerateConfig(input=str(inp), output=str(out), ordered=True, resume=resume,
                          quiet=True, max_pending=8, sampling=SamplingParams(max_tokens=3),
-                         engine={"model": "tiny-hermes"})
+                         engine=EngineConfig(model="tiny-hermes"))
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         code = run_generate(cfg, lambda _cfg: engine)

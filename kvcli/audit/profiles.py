@@ -140,7 +140,7 @@ PROFILES: dict[str, Profile] = {
 
 
 # vLLM v1 caches exactly as kvcli does (kvcli follows it); only the hash function differs.
-PROFILES["vllm"] = replace(
+_VLLM = replace(
     PROFILES["kvcli"],
     name="vllm",
     summary="vLLM v1 automatic prefix caching: full blocks of 16 tokens hashed with their parent, "
@@ -149,6 +149,8 @@ PROFILES["vllm"] = replace(
     "block_size 16 (vllm/config/cache.py); docs.vllm.ai design/prefix_caching",
     as_of="vLLM 0.10-0.11 (2025)",
 )
+# In this order `kvcli audit --profile` lists them: the engines (kvcli, vLLM), then the others.
+PROFILES = {"kvcli": PROFILES.pop("kvcli"), "vllm": _VLLM, **PROFILES}
 
 
 def get_profile(name: str) -> Profile:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES
+from kvcli.engine.config import EngineConfig
 from kvcli.sampling_params import SamplingParams
 
 
@@ -30,7 +30,7 @@ class GenerateConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)  # per-line defaults
     clamp_max_tokens: bool = False  # an explicit max_tokens past the context: cap, not error
     seed: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+    engine: EngineConfig = field(default_factory=EngineConfig)
     served_model_names: tuple[str, ...] = ()  # what a line's "model" may say; () = --model
     debug: bool = False  # full tracebacks of a line's unexpected exception
     reasoning_parser: str = "auto"  # kvcli.reasoning: auto | none | a parser's name
@@ -39,7 +39,7 @@ class GenerateConfig:
     def model_names(self) -> tuple[str, ...]:
         """The names this run answers to, as vLLM's: --served-model-name, else --model; the
         first is the one results report."""
-        model = self.engine.get("model")
+        model = self.engine.model
         return self.served_model_names or ((str(model),) if model else ())
 
     @property

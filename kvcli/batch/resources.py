@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kvcli.engine.config import EngineConfig
+
 #: The device types kvcli's engine runs on.
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -76,7 +78,7 @@ def check_kv_memory(kv_cache_memory: int | None, device: Any) -> None:
                             f"({gib(total)}); give a smaller SIZE")
 
 
-def check_engine_options(engine: dict[str, Any]) -> None:
+def check_engine_options(engine: EngineConfig) -> None:
     """Both checks, for the engine options of ``kvcli generate`` (kvcli/batch/run.py)."""
-    device = check_device(str(engine.get("device") or "cpu"))
-    check_kv_memory(engine.get("kv_cache_memory"), device)
+    device = check_device(engine.device)
+    check_kv_memory(engine.kv_cache_memory, device)

@@ -55,10 +55,10 @@ def load_engine(cfg: GenerateConfig) -> Any:
     a --device or --kv-cache-memory this machine cannot meet ResourceError naming the flag."""
     from safetensors import SafetensorError
 
-    EngineConfig, LLMEngine = _engine_classes()
+    LLMEngine = _engine_class()
     check_engine_options(cfg.engine)
     try:
-        return LLMEngine.from_config(EngineConfig(**cfg.engine))
+        return LLMEngine.from_config(cfg.engine)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, MemoryError,
             AssertionError) as err:  # torch/safetensors' ways to say "cannot use this"
         raise ValueError(describe_load_failure(err)) from None
@@ -68,8 +68,8 @@ def load_engine(cfg: GenerateConfig) -> Any:
         raise
 
 
-def _engine_classes() -> tuple[Any, Any]:
-    """The engine's classes. The first import of torch makes ~10^6 objects that live as long
+def _engine_class() -> Any:
+    """The engine's class. The first import of torch makes ~10^6 objects that live as long
     as the process; the collector's full passes over them (3 while importing, 0.2-0.3 s of
     start-up) find nothing, so they are collected never: paused for the import, then frozen
     (only reference cycles made by the import itself are never freed)."""
@@ -77,12 +77,12 @@ def _engine_classes() -> tuple[Any, Any]:
     if first:
         gc.disable()
     try:
-        from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+        from kvcli.engine.llm_engine import LLMEngine
     finally:
         if first:
             gc.freeze()
             gc.enable()
-    return EngineConfig, LLMEngine
+    return LLMEngine
 
 
 def describe_load_failure(err: BaseException) -> str:
@@ -133,7 +133,7 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
         except ResourceError as err:  # the model is fine: the flag is the cause
             raise BatchUsageError(str(err)) from None
         except (OSError, ValueError) as err:
-            raise BatchUsageError(f"cannot load model {cfg.engine.get('model')!r}: {err}") from None
+            raise BatchUsageError(f"cannot load model {cfg.engine.model!r}: {err}") from None
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
                         files.where if files is not None else None)
 
@@ -214,8 +214,8 @@ def cache_block(cfg: GenerateConfig, engine: Any) -> int:
     """The prefix cache's block size, 0 when caching is off (results count the cache's writes);
     the engine's own config where it has one (a remote engine's: the flags')."""
     config = getattr(engine, "config", None)
-    caching = getattr(config, "enable_prefix_caching", cfg.engine.get("enable_prefix_caching", True))
-    size = getattr(config, "block_size", None) or cfg.engine.get("block_size") or 16
+    caching = getattr(config, "enable_prefix_caching", cfg.engine.enable_prefix_caching)
+    size = getattr(config, "block_size", None) or cfg.engine.block_size
     return int(size) if caching else 0
 
 
@@ -231,7 +231,7 @@ def _prefix_ordered(cfg: GenerateConfig, engine: Any, opts: JobOptions, sink: Li
     from kvcli.batch.ordering import RankedWriter, prefix_ordered_lines
 
     encoder = PromptEncoder(engine.tokenizer, engine.max_model_len, engine.vocab_size)
-    block_size = int(cfg.engine.get("block_size") or 16)
+    block_size = cfg.engine.block_size
     lines = prefix_ordered_lines(cfg.input, encoder, opts.parse, block_size, cfg.max_line_bytes)
     return lines, RankedWriter(sink, cfg.ordered)
 

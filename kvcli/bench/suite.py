@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
+from kvcli.engine.config import EngineConfig
+
+_ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
@@ -21,7 +24,7 @@ DEFAULT_COMPARE = "hf-generate"
 @dataclass(slots=True)
 class BenchConfig:
     workloads: list[str]
-    model: str | None = None
+    model: str | None = _ENGINE.model
     compare: list[str] = field(default_factory=lambda: [DEFAULT_COMPARE])
     num_prompts: int | None = None
     max_tokens: int | None = None
@@ -31,8 +34,8 @@ class BenchConfig:
     threads: int | None = None
     hf_batch_size: int = 8
     hf_page_size: int = 32
-    max_num_batched_tokens: int = 1024
-    kv_cache_dtype: str = "auto"  # kvcli's (the reference's) KV cache, as generate's flag
+    max_num_batched_tokens: int = _ENGINE.max_num_batched_tokens
+    kv_cache_dtype: str = _ENGINE.kv_cache_dtype  # kvcli's (the reference's) KV cache
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None

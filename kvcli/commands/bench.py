@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from kvcli.commands.options import engine_options
+
 WORKLOAD_CHOICES = ("shared-prefix", "chat-sessions", "distinct", "decode-1", "all")
 
 
@@ -29,8 +31,7 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("--workload", "workloads", multiple=True, required=True,
               type=click.Choice(WORKLOAD_CHOICES),
               help="Workload to run (repeatable; 'all' runs every one).")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="Model name or local directory / .gguf file.")
+@engine_options("model")
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
                    "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
@@ -60,12 +61,10 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Token budget per step (kvcli and hf-generate-batch).")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "int8"]),
-              default="auto", show_default=True,
-              help="kvcli's KV cache, as `kvcli generate --kv-cache-dtype` (the reference's; "
-                   "--compare kvcli-int8kv runs int8 beside the default in the same run).")
+@engine_options("max_num_batched_tokens", "kv_cache_dtype",
+                notes={"max_num_batched_tokens": "Also hf-generate-batch's.",
+                       "kv_cache_dtype": "kvcli's, the reference's (--compare kvcli-int8kv runs "
+                                         "int8 beside it in the same run)."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from kvcli.commands.generate import _size
+from kvcli.commands.options import size
 
 
 def _open(path: str) -> Path:
@@ -92,7 +92,7 @@ def list_models(directory: str, as_json: bool) -> None:
 
 @cache.command()
 @_DIR
-@click.option("--max-bytes", callback=_size, metavar="SIZE", required=True,
+@click.option("--max-bytes", callback=size, metavar="SIZE", required=True,
               help="Delete least recently used blocks until DIR holds at most SIZE.")
 def prune(directory: str, max_bytes: int) -> None:
     """Delete least recently used blocks down to --max-bytes."""

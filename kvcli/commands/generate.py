@@ -10,51 +10,16 @@ from typing import Any
 
 import click
 
+from kvcli.commands.options import (
+    ALL_ENGINE_OPTIONS,
+    config_options,
+    engine_config,
+    engine_options,
+    size,
+)
+from kvcli.distributed.options import RayOptions  # Ray-free: the settings only
+
 EXIT_INTERRUPTED = 130
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    from kvcli.batch.sizes import parse_size
-
-    try:
-        return parse_size(value)
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from None
-
-
-def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse a directory that is not a kvcli KV cache, or not one only this user can write,
-    before the (slow) model load (``--kv-cache-dir-insecure`` is eager: already parsed)."""
-    if not value:
-        return None
-    from kvcli.kvstore.directory import NotAKVCacheError, open_cache_dir
-    from kvcli.kvstore.safety import check_trusted
-
-    try:
-        root = open_cache_dir(value)
-        check_trusted(root, bool(ctx.params.get("kv_cache_dir_insecure")))
-    except (NotAKVCacheError, OSError) as err:
-        raise click.BadParameter(str(err)) from None
-    return str(root)
-
-
-def _chat_template(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """vLLM's --chat-template: a file's template, or the template itself on one line."""
-    if value is None:
-        return None
-    from pathlib import Path
-
-    path = Path(value)
-    if path.is_file():
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise click.BadParameter(f"cannot read {value}: {err}") from None
-    if "{{" in value or "{%" in value:
-        return value
-    raise click.BadParameter(f"{value}: no such file (and not a template: no {{{{ or {{%)")
 
 
 def _names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
@@ -103,7 +68,7 @@ _JOB_OPTIONS = [
     click.option("--fail-fast", is_flag=True, help="Stop at the first failed request."),
     click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
                  help="Requests admitted to the engine (or awaiting output) at once."),
-    click.option("--max-line-bytes", default="16MiB", show_default=True, callback=_size,
+    click.option("--max-line-bytes", default="16MiB", show_default=True, callback=size,
                  metavar="SIZE", help="Longer input lines are skipped with an error result."),
     click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary."),
     click.option("--progress", is_flag=True,
@@ -132,73 +97,13 @@ _SAMPLING_OPTIONS = [
                       "and its id, so reruns and resumed runs give the same text."),
 ]
 
-_ENGINE_OPTIONS = [
-    click.option("--model", default="smollm2-135m", show_default=True,
-                 help="smollm2-135m, a NAME from `kvcli models`, a local Hugging Face directory, "
-                      "a .gguf file, or ORG/NAME on the hub (downloaded when not in the local "
-                      "cache, unless HF_HUB_OFFLINE=1)."),
-    click.option("--chat-template", callback=_chat_template, metavar="FILE",
-                 help="Render chat lines with this Jinja chat template instead of the model's "
-                      "(a file, or the template itself), as vLLM's flag; its tool-call format is "
-                      "the one replies are parsed with (samples/hermes_tools.jinja)."),
-    click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
-                 help="Tokens per KV block (and per prefix-cache hash)."),
-    click.option("--num-blocks", type=click.IntRange(min=1),
-                 help="KV blocks in the pool (overrides --kv-cache-memory)."),
-    click.option("--kv-cache-memory", callback=_size, metavar="SIZE",
-                 help="KV cache budget, e.g. 2GiB (default 1GiB)."),
-    click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-                 show_default=True, help="Token budget of one engine step."),
-    click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
-                 help="Requests running at once."),
-    click.option("--no-prefix-caching", is_flag=True, help="Disable automatic prefix caching."),
-    click.option("--scheduling", type=click.Choice(["fcfs", "cache-aware"]), default="fcfs",
-                 show_default=True, help="cache-aware admits requests sharing a prefix together."),
-    click.option("--device", default="cpu", show_default=True),
-    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-                 default="float32", show_default=True),
-    click.option("--kv-cache-dtype",
-                 type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
-                 default="auto", show_default=True,
-                 help="The KV cache's element type: auto = --dtype (exact); int8 = per token and "
-                      "KV head uint8 codes with a float32 scale and zero point, read in place by "
-                      "the native CPU kernels (~3.6x the tokens in --kv-cache-memory, faster "
-                      "decode, outputs close to but not equal to float32's)."),
-    click.option("--allow-pickle", is_flag=True,
-                 help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True)."),
-    click.option("--quantization", type=click.Choice(["int8", "gguf"]),
-                 help="Quantized weights on CPU: int8 (per output channel, quantized at load) or "
-                      "gguf (a GGUF model's own tensor types, memory-mapped). Default: float."),
-    click.option("--kv-cache-dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR", callback=_cache_dir,
-                 help="Persistent prefix cache: full KV blocks are kept in DIR across runs and "
-                      "processes, and prefixes missing in memory are loaded from it "
-                      "(env KVCLI_KV_CACHE_DIR)."),
-    click.option("--kv-cache-dir-max-bytes", callback=_size, metavar="SIZE",
-                 help="Bound of --kv-cache-dir, least recently used blocks deleted first "
-                      "(default 8GiB)."),
-    click.option("--kv-cache-dir-insecure", is_flag=True, is_eager=True,
-                 help="Use a --kv-cache-dir that every user may write, or that another user "
-                      "owns (refused by default: whoever writes it can plant K/V this run "
-                      "would serve)."),
-    click.option("--structured-compile-timeout", type=click.FloatRange(min=0), default=30.0,
-                 show_default=True, metavar="SECONDS",
-                 help="Time one output constraint's grammar may take to compile; the lines "
-                      "using it fail past it, the others run meanwhile (0 = no limit)."),
-]
-
 _RAY_OPTIONS = [
     click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
                  metavar="[ADDRESS]",
                  help="Run on a Ray cluster: ADDRESS as Ray takes it (auto, HOST:6379, "
                       "ray://HOST:10001); alone, or 'local', start a local Ray instance. "
                       "Put INPUT before it. Needs: pip install 'kvcli[ray]'."),
-    click.option("--workers", type=click.IntRange(min=1),
-                 help="With --ray: engine actors (default: as many as the cluster's CPUs, or "
-                      "GPUs, allow)."),
-    click.option("--worker-cpus", type=click.FloatRange(min=0, min_open=True), default=1.0,
-                 show_default=True, help="With --ray: CPUs per actor (also its torch threads)."),
-    click.option("--worker-gpus", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                 help="With --ray: GPUs per actor (> 0 runs the engine on cuda)."),
+    config_options(RayOptions, "workers", "worker_cpus", "worker_gpus"),
 ]
 
 
@@ -215,7 +120,7 @@ def _apply(options: list[Any]) -> Any:
 @click.argument("input_paths", metavar="INPUT...", nargs=-1, required=True)
 @_apply(_JOB_OPTIONS)
 @_apply(_SAMPLING_OPTIONS)
-@_apply(_ENGINE_OPTIONS)
+@engine_options(*ALL_ENGINE_OPTIONS)
 @_apply(_RAY_OPTIONS)
 @click.pass_context
 def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> None:
@@ -250,7 +155,8 @@ def generate(ctx: click.Context, input_paths: tuple[str, ...], **opts: Any) -> N
         strict=opts["strict"], fail_fast=opts["fail_fast"], max_pending=opts["max_pending"],
         max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"], progress=opts["progress"],
         stats_path=opts["stats_path"], sampling=_sampling_defaults(opts), seed=opts["seed"],
-        clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
+        clamp_max_tokens=opts["clamp_max_tokens"],
+        engine=engine_config(opts, seed=opts["seed"], quiet=opts["quiet"]),
         served_model_names=opts["served_model_names"], debug=opts["debug"],
         reasoning_parser=opts["reasoning_parser"],
     )
@@ -276,7 +182,7 @@ def _refuse_ray_options_without_ray(ctx: click.Context) -> None:
 
 def _run_on_ray(cfg: Any, opts: dict[str, Any]) -> int:
     """``--ray``: the same job over Ray actors; Ray is imported only here (an optional extra)."""
-    from kvcli.distributed.options import RayMissingError, RayOptions, require_ray
+    from kvcli.distributed.options import RayMissingError, require_ray
 
     try:
         require_ray()
@@ -303,22 +209,3 @@ def _sampling_defaults(opts: dict[str, Any]) -> Any:
         name, _, reason = str(err).partition(": ")
         raise click.UsageError(f"--{name.replace('_', '-')}: {reason}") from None
     return params
-
-
-def _engine_options(opts: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "model": opts["model"], "block_size": opts["block_size"], "num_blocks": opts["num_blocks"],
-        "kv_cache_memory": opts["kv_cache_memory"],
-        "max_num_batched_tokens": opts["max_num_batched_tokens"],
-        "max_num_seqs": opts["max_num_seqs"],
-        "enable_prefix_caching": not opts["no_prefix_caching"],
-        "scheduling": opts["scheduling"], "device": opts["device"], "dtype": opts["dtype"],
-        "kv_cache_dtype": opts["kv_cache_dtype"],
-        "allow_pickle": opts["allow_pickle"], "seed": opts["seed"], "quiet": opts["quiet"],
-        "kv_cache_dir": opts["kv_cache_dir"],
-        "kv_cache_dir_max_bytes": opts["kv_cache_dir_max_bytes"],
-        "kv_cache_dir_insecure": opts["kv_cache_dir_insecure"],
-        "quantization": opts["quantization"],
-        "structured_compile_timeout": opts["structured_compile_timeout"] or None,
-        "chat_template": opts["chat_template"],
-    }

@@ -11,24 +11,15 @@ from typing import Any
 
 import click
 
+from kvcli.commands.options import engine_config, engine_options
+
 
 @click.command()
 @click.argument("text_file", metavar="FILE")
-@click.option("--model", default="smollm2-135m", show_default=True,
-              help="smollm2-135m, a NAME from `kvcli models`, a local directory or a .gguf file.")
-@click.option("--quantization", type=click.Choice(["int8", "gguf"]),
-              help="Score the quantized weights (as `kvcli generate --quantization`). "
-                   "Default: float.")
+@engine_options("model", "quantization")
 @click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,
               help="Tokens per window; the second half of each window is scored.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=1024,
-              show_default=True, help="Token budget of one engine step.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              default="float32", show_default=True)
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
-              default="auto", show_default=True,
-              help="Score with this KV cache (as `kvcli generate --kv-cache-dtype`; auto = --dtype).")
-@click.option("--device", default="cpu", show_default=True)
+@engine_options("max_num_batched_tokens", "dtype", "kv_cache_dtype", "device")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     """Perplexity of a model on the UTF-8 text in FILE.
@@ -65,14 +56,10 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
 
 def _measure(text: str, opts: dict[str, Any]) -> Any:
     from kvcli.bench.perplexity import perplexity
-    from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+    from kvcli.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=opts["model"], quantization=opts["quantization"],
-                          max_num_batched_tokens=opts["max_num_batched_tokens"],
-                          dtype=opts["dtype"], device=opts["device"],
-                          kv_cache_dtype=opts["kv_cache_dtype"])
     try:
-        engine = LLMEngine.from_config(config)
+        engine = LLMEngine.from_config(engine_config(opts))
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
         raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
     return perplexity(engine, text, opts["context"])

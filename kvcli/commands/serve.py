@@ -12,14 +12,12 @@ from typing import Any
 import click
 
 from kvcli.commands.generate import (  # the same options and derivation as generate's
-    _ENGINE_OPTIONS,
     _SAMPLING_OPTIONS,
     _apply,
-    _engine_options,
     _names,
     _sampling_defaults,
-    _size,
 )
+from kvcli.commands.options import ALL_ENGINE_OPTIONS, engine_config, engine_options, size
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -48,7 +46,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int | N
               help="The model's id in /v1/models, which lines give as body.model (repeatable or "
                    "comma-separated, as for generate; the first is the one results report). "
                    "Default: --model.")
-@click.option("--max-file-bytes", default="200MB", show_default=True, callback=_size,
+@click.option("--max-file-bytes", default="200MB", show_default=True, callback=size,
               metavar="SIZE", help="Largest upload (refused before it is stored).")
 @click.option("--max-lines", type=click.IntRange(min=1), default=50_000, show_default=True,
               help="Most requests in one batch input file.")
@@ -60,11 +58,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int | N
                                              "their creation (OpenAI's default for batch files).")
 @click.option("--max-pending", type=click.IntRange(min=1), default=256, show_default=True,
               help="Requests admitted to the engine at once.")
-@click.option("--max-line-bytes", default="16MiB", show_default=True, callback=_size,
+@click.option("--max-line-bytes", default="16MiB", show_default=True, callback=size,
               metavar="SIZE", help="Longer input lines fail validation.")
 @click.option("-q", "--quiet", is_flag=True, help="No log lines (batch state changes, start-up).")
 @_apply(_SAMPLING_OPTIONS)
-@_apply(_ENGINE_OPTIONS)
+@engine_options(*ALL_ENGINE_OPTIONS)
 @click.pass_context
 def serve(ctx: click.Context, **opts: Any) -> None:
     """Serve OpenAI's Batch API (Files, Batches, Models) on the loaded model.
@@ -87,7 +85,8 @@ def serve(ctx: click.Context, **opts: Any) -> None:
     gen = GenerateConfig(input="-", max_pending=opts["max_pending"],
                          max_line_bytes=opts["max_line_bytes"], quiet=opts["quiet"],
                          sampling=_sampling_defaults(opts), seed=opts["seed"],
-                         clamp_max_tokens=opts["clamp_max_tokens"], engine=_engine_options(opts),
+                         clamp_max_tokens=opts["clamp_max_tokens"],
+                         engine=engine_config(opts, seed=opts["seed"], quiet=opts["quiet"]),
                          served_model_names=opts["served_model_names"])
     cfg = ServeConfig(
         host=opts["host"], port=opts["port"],

@@ -21,6 +21,7 @@ from ray.exceptions import RayError
 
 from kvcli.distributed.options import RayOptions
 from kvcli.distributed.worker import EngineWorker, WorkerInfo
+from kvcli.engine.config import EngineConfig
 
 READY_NOTE_EVERY_S = 30.0
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -90,7 +91,7 @@ def worker_count(opts: RayOptions, local: bool) -> int:
     return workers
 
 
-def start_workers(opts: RayOptions, engine_options: dict[str, Any], count: int) -> list[Any]:
+def start_workers(opts: RayOptions, engine: EngineConfig, count: int) -> list[Any]:
     actor_class = ray.remote(EngineWorker)
     run = uuid.uuid4().hex[:8]
     threads = max(1, int(opts.worker_cpus))
@@ -101,7 +102,7 @@ def start_workers(opts: RayOptions, engine_options: dict[str, Any], count: int) 
         actor_class.options(name=f"kvcli-worker-{run}-{i}", num_cpus=opts.worker_cpus,
                             num_gpus=opts.worker_gpus, max_restarts=opts.max_restarts,
                             max_task_retries=0, runtime_env={"env_vars": env},
-                            ).remote(engine_options, threads)
+                            ).remote(engine, threads)
         for i in range(count)
     ]
 
@@ -124,13 +125,13 @@ def wait_ready(handles: list[Any], quiet: bool) -> list[WorkerInfo]:
     return infos
 
 
-def start_cluster(opts: RayOptions, engine_options: dict[str, Any], quiet: bool,
+def start_cluster(opts: RayOptions, engine: EngineConfig, quiet: bool,
                   forward_logs: bool = True) -> Cluster:
     started = connect(opts, forward_logs, quiet)
     cluster = Cluster(started, [], [])
     try:
         count = worker_count(opts, local=started and opts.starts_local)
-        cluster.handles = start_workers(opts, engine_options, count)
+        cluster.handles = start_workers(opts, engine, count)
         cluster.infos = wait_ready(cluster.handles, quiet)
     except BaseException:
         cluster.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvcli.engine.config import option
+
 INSTALL_HINT = "pip install 'kvcli[ray]'"
 
 
@@ -14,9 +16,13 @@ class RayMissingError(Exception):
 @dataclass(slots=True)
 class RayOptions:
     address: str | None = None  # None / "local": start a local Ray instance; else ray.init(address)
-    workers: int | None = None  # None: as many as the cluster's CPUs (or GPUs) allow
-    worker_cpus: float = 1.0  # per actor; also its torch thread count (at least 1)
-    worker_gpus: float = 0.0  # per actor; > 0 runs the engine on "cuda"
+    # The flags of `kvcli generate --ray` (kvcli/commands/options.py derives them).
+    workers: int | None = option(None, min=1, help="With --ray: engine actors (default: as many "
+                                 "as the cluster's CPUs, or GPUs, allow).")
+    worker_cpus: float = option(  # also the actor's torch thread count (at least 1)
+        1.0, min=0, min_open=True, help="With --ray: CPUs per actor (also its torch threads).")
+    worker_gpus: float = option(  # > 0 runs the engine on "cuda"
+        0.0, min=0, help="With --ray: GPUs per actor (> 0 runs the engine on cuda).")
     max_restarts: int = 3  # Ray restarts of one actor before its work moves to the others
     routing: str = "prefix"  # "prefix" (affinity with bounded load) | "random" (for comparison)
     affinity_blocks: int = 4  # a request's routing key: the chain hash of its first N full blocks

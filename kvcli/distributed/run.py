@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from kvcli.distributed.cluster import Cluster, ClusterError, start_cluster
 from kvcli.distributed.options import RayOptions
 from kvcli.distributed.pool import WorkerPool, WorkerPoolError
 from kvcli.distributed.routing import make_router
+from kvcli.engine.config import EngineConfig
 
 EXIT_FAILED = 1
 
@@ -31,7 +33,7 @@ def run_generate_on_ray(cfg: GenerateConfig, opts: RayOptions) -> int:
     def factory(cfg: GenerateConfig) -> WorkerPool:
         tokenizer = _load_tokenizer(cfg)
         try:
-            cluster = start_cluster(opts, actor_engine_options(cfg, opts), cfg.quiet,
+            cluster = start_cluster(opts, actor_engine_config(cfg, opts), cfg.quiet,
                                     forward_logs=not cfg.to_stdout)
         except ClusterError as err:
             raise BatchUsageError(str(err)) from None
@@ -49,14 +51,14 @@ def run_generate_on_ray(cfg: GenerateConfig, opts: RayOptions) -> int:
             cluster.close()
 
 
-def actor_engine_options(cfg: GenerateConfig, opts: RayOptions) -> dict[str, Any]:
+def actor_engine_config(cfg: GenerateConfig, opts: RayOptions) -> EngineConfig:
     """The EngineConfig each actor builds: a local model path made absolute, GPUs -> cuda."""
-    engine = dict(cfg.engine)
-    model = engine.get("model")
+    engine = replace(cfg.engine)
+    model = engine.model
     if model and Path(model).expanduser().exists():  # actors may run in another directory
-        engine["model"] = str(Path(model).expanduser().resolve())
-    if opts.worker_gpus > 0 and engine.get("device", "cpu") == "cpu":
-        engine["device"] = "cuda"  # Ray gives the actor its GPU(s) as CUDA_VISIBLE_DEVICES
+        engine.model = str(Path(model).expanduser().resolve())
+    if opts.worker_gpus > 0 and engine.device == "cpu":
+        engine.device = "cuda"  # Ray gives the actor its GPU(s) as CUDA_VISIBLE_DEVICES
     return engine
 
 
@@ -74,7 +76,7 @@ def build_pool(cfg: GenerateConfig, opts: RayOptions, cluster: Cluster,
               file=sys.stderr)
     router = make_router(opts.routing, workers, opts.load_factor, opts.seed)
     return WorkerPool(cluster.handles, [i.node for i in cluster.infos], router, tokenizer,
-                      first.max_model_len, first.vocab_size, int(cfg.engine.get("block_size", 16)),
+                      first.max_model_len, first.vocab_size, cfg.engine.block_size,
                       opts.affinity_blocks, max(1, in_flight), opts.max_restarts)
 
 
@@ -83,10 +85,10 @@ def _load_tokenizer(cfg: GenerateConfig) -> Any:
     from kvcli.model.gguf_convert import resolve_model
     from kvcli.tokenizer import Tokenizer
 
-    model_dir = resolve_model(cfg.engine.get("model"),
-                              allow_pickle=bool(cfg.engine.get("allow_pickle")),
-                              quantization=cfg.engine.get("quantization"))
+    engine = cfg.engine
+    model_dir = resolve_model(engine.model, allow_pickle=engine.allow_pickle,
+                              quantization=engine.quantization)
     tokenizer = Tokenizer.from_dir(model_dir)
-    if cfg.engine.get("chat_template") is not None:  # --chat-template: as the engines render
-        tokenizer.set_chat_template(cfg.engine["chat_template"])
+    if engine.chat_template is not None:  # --chat-template: as the engines render
+        tokenizer.set_chat_template(engine.chat_template)
     return tokenizer

@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kvcli.engine.config import EngineConfig
+
 MIN_SLICE_S = 0.02
 STATS_EVERY_S = 1.0
 
@@ -49,13 +51,13 @@ class WorkerInfo:
 
 
 class EngineWorker:
-    def __init__(self, engine_options: dict[str, Any], num_threads: int = 1) -> None:
+    def __init__(self, config: EngineConfig, num_threads: int = 1) -> None:
         import torch
 
-        from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+        from kvcli.engine.llm_engine import LLMEngine
 
         torch.set_num_threads(max(1, num_threads))  # the actor's CPU share, not the node's
-        self.engine = LLMEngine.from_config(EngineConfig(**engine_options))
+        self.engine = LLMEngine.from_config(config)
         self.incarnation = uuid.uuid4().hex
         self._live: set[str] = set()  # ids added and not finished
         self._stats_at = 0.0

@@ -1,42 +1,129 @@
-"""What an engine is built from, and the size of the KV pool that follows (torch-free)."""
+"""Every engine option, written once: its type, default and command-line flag (torch-free).
+
+:class:`EngineConfig` is the one source of truth. A field whose metadata holds a
+:class:`Flag` is an engine option on the command line: kvcli/commands/options.py derives
+the click option from the field (name ``--field-name``, type and default from the field,
+help text, metavar and choices from the flag, as vLLM's ``engine/arg_utils.py`` does) and
+turns the parsed values back into an ``EngineConfig``; ``LLM()`` takes the same fields as
+keyword arguments. A new engine option is one field here (see docs/ARCHITECTURE.md).
+
+Only the standard library and ``kvcli.paths`` are imported: ``kvcli --help`` reads this
+module to build its options.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT
+from kvcli.paths import DEFAULT_MODEL_NAME
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
-KV_CACHE_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8")
 MAX_DEFAULT_BLOCKS = 32768
+DTYPES = ("float32", "bfloat16", "float16")
+# auto: the model's --dtype; int8: kvcli/model/attention/native_int8.py (names: kv_cache.py)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+QUANTIZATIONS = ("int8", "gguf")
+SCHEDULINGS = ("fcfs", "cache-aware")
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """How a field is given on the command line; the rest (type, default) is the field's.
+    (The settings of ``--ray``, kvcli/distributed/options.py, use it too.)"""
+
+    help: str | None = None
+    name: str | None = None  # default: --field-name; a bool's flag sets the opposite of its default
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    min: float | None = None  # the lowest value a number may take
+    min_open: bool = False  # ... but not min itself
+    # "size": a SIZE such as 2GiB; "kv_cache_dir", "chat_template": checked or read at parse
+    # time; "zero_is_none": 0 means no limit (None). kvcli/commands/options.py implements each.
+    parse: str | None = None
+    envvar: str | None = None
+    eager: bool = False  # parsed before the others (a later option's check reads it)
+
+
+def option(default: Any, **flag: Any) -> Any:
+    """A field with this default that is an engine option on the command line."""
+    return field(default=default, metadata={"flag": Flag(**flag)})
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_cache_memory: int | None = None  # bytes
-    max_num_batched_tokens: int = 1024
-    max_num_seqs: int = 64
-    enable_prefix_caching: bool = True
-    scheduling: str = "fcfs"  # or "cache-aware"
-    device: str = "cpu"
-    dtype: str = "float32"
-    # The KV pool's element type: "auto" (the model's --dtype: today's exact cache), float32,
-    # bfloat16, float16, or int8 (per token and KV head uint8 codes with a float32 scale and zero
-    # point, read in place by the native CPU kernels: ~3.6x the tokens per byte, not exact).
-    kv_cache_dtype: str = "auto"
-    allow_pickle: bool = False
+    # Fields with a flag are listed in the order `kvcli generate --help` shows them.
+    model: str | None = option(
+        DEFAULT_MODEL_NAME,  # None: the default model too (checkpoint/resolve.py)
+        help="smollm2-135m, a NAME from `kvcli models`, a local Hugging Face directory, a .gguf "
+             "file, or ORG/NAME on the hub (downloaded when not in the local cache, unless "
+             "HF_HUB_OFFLINE=1).")
+    chat_template: str | None = option(  # a Jinja template replacing the model's
+        None, parse="chat_template", metavar="FILE",
+        help="Render chat lines with this Jinja chat template instead of the model's (a file, "
+             "or the template itself), as vLLM's flag; its tool-call format is the one replies "
+             "are parsed with (samples/hermes_tools.jinja).")
+    block_size: int = option(16, min=1, help="Tokens per KV block (and per prefix-cache hash).")
+    num_blocks: int | None = option(None, min=1,
+                                    help="KV blocks in the pool (overrides --kv-cache-memory).")
+    kv_cache_memory: int | None = option(  # bytes; None: DEFAULT_KV_CACHE_MEMORY
+        None, parse="size", metavar="SIZE", help="KV cache budget, e.g. 2GiB (default 1GiB).")
+    max_num_batched_tokens: int = option(1024, min=1, help="Token budget of one engine step.")
+    max_num_seqs: int = option(64, min=1, help="Requests running at once.")
+    enable_prefix_caching: bool = option(True, name="--no-prefix-caching",
+                                         help="Disable automatic prefix caching.")
+    scheduling: str = option("fcfs", choices=SCHEDULINGS,
+                             help="cache-aware admits requests sharing a prefix together.")
+    device: str = option("cpu")
+    dtype: str = option("float32", choices=DTYPES)
+    kv_cache_dtype: str = option(  # the KV pool's element type; auto: --dtype (today's, exact)
+        "auto", choices=KV_CACHE_DTYPES,
+        help="The KV cache's element type: auto = --dtype (exact); int8 = per token and KV head "
+             "uint8 codes with a float32 scale and zero point, read in place by the native CPU "
+             "kernels (~3.6x the tokens in --kv-cache-memory, faster decode; outputs close to, "
+             "not equal to, float32's). A bfloat16/float16 cache needs a model of that --dtype.")
+    allow_pickle: bool = option(
+        False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
+    quantization: str | None = option(  # weights of kvcli/model/quant; None: float
+        None, choices=QUANTIZATIONS,
+        help="Quantized weights on CPU: int8 (per output channel, quantized at load) or gguf (a "
+             "GGUF model's own tensor types, memory-mapped). Default: float.")
+    kv_cache_dir: str | None = option(  # persistent prefix cache on disk (kvcli/kvstore)
+        None, parse="kv_cache_dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR",
+        help="Persistent prefix cache: full KV blocks are kept in DIR across runs and processes, "
+             "and prefixes missing in memory are loaded from it (env KVCLI_KV_CACHE_DIR).")
+    kv_cache_dir_max_bytes: int | None = option(  # None: kvstore.DEFAULT_MAX_BYTES
+        None, parse="size", metavar="SIZE",
+        help="Bound of --kv-cache-dir, least recently used blocks deleted first (default 8GiB).")
+    kv_cache_dir_insecure: bool = option(  # kvstore.safety; eager: --kv-cache-dir's check reads it
+        False, eager=True,
+        help="Use a --kv-cache-dir that every user may write, or that another user owns (refused "
+             "by default: whoever writes it can plant K/V this run would serve).")
+    structured_compile_timeout: float | None = option(  # per constraint; None: no limit
+        30.0, min=0, parse="zero_is_none", metavar="SECONDS",
+        help="Time one output constraint's grammar may take to compile; the lines using it fail "
+             "past it, the others run meanwhile (0 = no limit).")
+    # Not flags of their own: commands set them from their run options (--seed, -q).
     seed: int = 0
     quiet: bool = False  # no model conversion or download progress on stderr
-    kv_cache_dir: str | None = None  # persistent prefix cache on disk (kvcli/kvstore)
-    kv_cache_dir_max_bytes: int | None = None  # its bound; None: kvstore.DEFAULT_MAX_BYTES
-    kv_cache_dir_insecure: bool = False  # use it even if other users may write it (kvstore.safety)
-    quantization: str | None = None  # "int8" or "gguf" weights (kvcli/model/quant); None: float
-    # Seconds one constraint's grammar may take to compile (its lines fail past it); None: no limit
-    structured_compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT
-    chat_template: str | None = None  # a Jinja template replacing the model's (--chat-template)
+
+
+def make_engine_config(**options: Any) -> EngineConfig:
+    """An EngineConfig from keyword options (``LLM()``'s); an unknown name is a TypeError that
+    names it, the closest known option, and the options there are."""
+    known = [f.name for f in fields(EngineConfig)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"unknown engine option(s): {', '.join(_guess(n, known) for n in unknown)}"
+                        f"; the options are EngineConfig's fields: {', '.join(known)}")
+    return EngineConfig(**options)
+
+
+def _guess(name: str, known: list[str]) -> str:
+    import difflib  # only for the error
+
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def budget_num_blocks(config: EngineConfig, bytes_per_block: int) -> int:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
-from kvcli.engine.llm_engine import EngineConfig, LLMEngine
+from kvcli.engine.config import make_engine_config
+from kvcli.engine.llm_engine import LLMEngine
 from kvcli.engine.outputs import RequestOutput
 from kvcli.sampling_params import SamplingParams
 
@@ -16,15 +16,14 @@ Prompt = str | list[int] | dict[str, Any]
 class LLM:
     """Offline batch generation: ``LLM("smollm2-135m").generate(["Hi"], SamplingParams())``.
 
-    Engine options are :class:`EngineConfig` fields as keyword arguments.
+    Engine options are :class:`~kvcli.engine.config.EngineConfig` fields as keyword
+    arguments, with its defaults (the command line's); an unknown one is a TypeError.
     """
 
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
-        known = {f.name for f in fields(EngineConfig)}
-        unknown = set(engine_kwargs) - known
-        if unknown:
-            raise TypeError(f"unknown engine option(s): {sorted(unknown)}")
-        self.engine = LLMEngine.from_config(EngineConfig(model=model, **engine_kwargs))
+        if model is not None:  # None: EngineConfig's default model
+            engine_kwargs["model"] = model
+        self.engine = LLMEngine.from_config(make_engine_config(**engine_kwargs))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

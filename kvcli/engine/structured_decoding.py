@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from kvcli.engine.request import Request
-from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT
 from kvcli.structured.grammars import GrammarCache
 from kvcli.structured.params import StructuredOutputsParams
 from kvcli.structured.validity import StructuredStats, is_valid
@@ -49,7 +48,7 @@ class _Matcher:
 
 class StructuredDecoding:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
-                 compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
+                 compile_timeout: float | None) -> None:
         self.grammars = GrammarCache(tokenizer, vocab_size, stop_token_ids, compile_timeout)
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import mmap
 import threading
+import weakref
 
 import torch
 
@@ -23,18 +24,24 @@ _MADV_POPULATE_WRITE = 23  # linux/mman.h
 _CHUNK = 64 << 20  # bytes per madvise call
 
 
-def _populate(tensor: torch.Tensor, size: int) -> None:
-    # `tensor` is held so that the pool cannot be unmapped (and its addresses reused) meanwhile
-    address = tensor.data_ptr()
+def _populate(pool: weakref.ref, address: int, size: int) -> None:
+    # A weak reference to the pool's mapping: a dropped engine's pool is unmapped at once
+    # instead of living (fully faulted in) until this thread ends. The mapping is held only
+    # during each chunk's call, so its pages cannot be unmapped (and reused) meanwhile.
     try:
         madvise = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
     except (OSError, AttributeError, TypeError):
         return
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for start in range(0, size, _CHUNK):
+        mapping = pool()
+        if mapping is None:
+            return
         # ctypes releases the GIL for the call; a non-zero return (an old kernel: EINVAL) ends
         # the prefault, and the pages then fault in on first use.
-        if madvise(address + start, min(_CHUNK, size - start), _MADV_POPULATE_WRITE) != 0:
+        status = madvise(address + start, min(_CHUNK, size - start), _MADV_POPULATE_WRITE)
+        del mapping
+        if status != 0:
             return
 
 
@@ -51,6 +58,6 @@ def zeroed_cpu_tensor(shape: tuple[int, ...], dtype: torch.dtype,
     buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     tensor = torch.frombuffer(buffer, dtype=dtype).view(shape)  # keeps `buffer` alive
     if prefault:
-        threading.Thread(target=_populate, args=(tensor, size), daemon=True,
-                         name="kvcli-kv-prefault").start()
+        args = (weakref.ref(buffer), tensor.data_ptr(), size)
+        threading.Thread(target=_populate, args=args, daemon=True, name="kvcli-kv-prefault").start()
     return tensor

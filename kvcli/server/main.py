@@ -68,7 +68,7 @@ def run_server(cfg: ServeConfig) -> int:
         try:
             engine = load_engine(cfg.generate)
         except (OSError, ValueError) as err:
-            raise ServeError(f"cannot load model {cfg.generate.engine.get('model')!r}: "
+            raise ServeError(f"cannot load model {cfg.generate.engine.model!r}: "
                              f"{err}") from None
         run = BatchRun(engine, cfg.generate, cfg.model_names)
         limits = Limits(cfg.max_lines, cfg.generate.max_line_bytes, cfg.file_retention_s)

@@ -20,8 +20,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_COMPILE_TIMEOUT = 30.0  # seconds, per constraint (--structured-compile-timeout)
-
 
 @dataclass(slots=True)
 class _Job:
@@ -32,7 +30,7 @@ class _Job:
 
 
 class CompileWorker:
-    def __init__(self, timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
+    def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout  # None: no limit
         self.abandoned = 0  # compiles given up (their threads may still be running)
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()

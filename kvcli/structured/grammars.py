@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from kvcli.structured.compile_worker import DEFAULT_COMPILE_TIMEOUT, CompileWorker
+from kvcli.structured.compile_worker import CompileWorker
 from kvcli.structured.params import StructuredOutputsParams, embedded_schemas
 from kvcli.structured.schema_check import patterns, with_string_lengths_as_patterns
 from kvcli.structured.vocab import tokenizer_info
@@ -33,7 +33,7 @@ INLINE_CHECK_BYTES = 16 << 10  # constraints up to this size are checked at admi
 
 class GrammarCache:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
-                 compile_timeout: float | None = DEFAULT_COMPILE_TIMEOUT) -> None:
+                 compile_timeout: float | None) -> None:
         import xgrammar as xgr
 
         if not stop_token_ids:
