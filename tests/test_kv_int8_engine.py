@@ -78,8 +78,8 @@ def test_disk_cache_never_serves_another_kv_dtype(tiny_models, kvcli_home, tmp_p
 
 def test_refusals(tiny_models, monkeypatch):
     model = str(tiny_models["llama"])
-    with pytest.raises(ValueError, match="bfloat16 cache under a float32 model"):
-        LLM(model, kv_cache_dtype="bfloat16")
+    with pytest.raises(ValueError, match="float16 cache under a float32 model"):
+        LLM(model, kv_cache_dtype="float16")
     with pytest.raises(ValueError, match="kv_cache_dtype: expected"):
         LLM(model, kv_cache_dtype="fp8")
     monkeypatch.setenv("KVCLI_NATIVE", "0")
@@ -109,6 +109,6 @@ def test_generate_flag_reaches_the_engine(tiny_models, tmp_path):
     backend = json.loads(stats.read_text())["backend"]
     assert backend["kv_cache_dtype"] == "int8" and "int8" in backend["decode_attention"]
     refused = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
-                                        "--kv-cache-dtype", "bfloat16"],
+                                        "--kv-cache-dtype", "float16"],
                                  input='{"prompt": "The fox went"}\n')
-    assert refused.exit_code == 2 and "bfloat16 cache under a float32 model" in refused.output
+    assert refused.exit_code == 2 and "float16 cache under a float32 model" in refused.output

@@ -15,7 +15,7 @@ _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
 # kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
-KV_DTYPES = {"kvcli-int8kv": "int8"}
+KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED,
          *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"

@@ -35,8 +35,9 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
                    "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
-                   "kvcli-int8kv (kvcli with an int8 KV cache): the quantized ones' greedy "
-                   "agreement with float32 is reported ('none' for kvcli alone).")
+                   "kvcli-int8kv, kvcli-bf16kv (kvcli with an int8 / bfloat16 KV cache): the "
+                   "quantized ones' greedy agreement with float32 is reported ('none' for kvcli "
+                   "alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "

@@ -108,8 +108,9 @@ class LlamaForCausalLM(nn.Module):
         windows = self.sliding_windows(cfg)
         layer_spec = self.layer_spec(cfg)
         specs = [self.attention_spec(cfg, i, windows[i]) for i in range(cfg.num_layers)]
-        # Chosen once for the model (the KV cache takes the model's dtype): which attention
+        # Chosen once for the model (for a cache in the model's dtype): which attention
         # backend every layer runs, and which kernels its matmuls, norms and RoPE take.
+        self.compute_dtype = dtype  # the cache's by default (set_kv_cache_dtype changes it)
         self.platform = detect_platform(device, dtype)
         self.routes: KernelRoutes = select_routes(self.platform)
         self._attention_specs = [spec.attention for spec in specs]
@@ -163,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
         if kv_dtype == self.platform.kv_dtype:
             return
         platform = replace(self.platform, kv_dtype=kv_dtype)
-        backend = select_attention_backend(platform, self._attention_specs)
+        backend = select_attention_backend(platform, self._attention_specs, self.compute_dtype)
         self.platform, self.attention_backend = platform, backend
         for layer, spec in zip(self.model.layers, self._attention_specs, strict=True):
             layer.self_attn.attn = backend.layer(spec)

@@ -30,13 +30,15 @@ def kv_storage_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
         raise ValueError(f"kv_cache_dtype: expected auto or one of {', '.join(KV_CACHE_DTYPES)}, "
                          f"got {name!r}")
     dtype, model = KV_CACHE_DTYPES[name], str(model_dtype).removeprefix("torch.")
-    if dtype == INT8_STORAGE and model_dtype != torch.float32:
-        raise ValueError(f"kv_cache_dtype: int8 needs --dtype float32 (its kernels compute in "
-                         f"float32), got {model}")
-    if dtype != INT8_STORAGE and dtype != model_dtype:
-        raise ValueError(f"kv_cache_dtype: a {name} cache under a {model} model has no attention "
-                         f"kernel yet; use auto (the model's dtype) or int8")
-    return dtype
+    # The native kernels compute in float32 and read float32, bfloat16 and int8 caches; the
+    # torch routes read a cache in the model's dtype.
+    if dtype == model_dtype or (model_dtype == torch.float32
+                                and dtype in (INT8_STORAGE, torch.bfloat16)):
+        return dtype
+    others = ", bfloat16 or int8" if model_dtype == torch.float32 else " (int8 and bfloat16 " \
+        "need --dtype float32)"
+    raise ValueError(f"kv_cache_dtype: a {name} cache under a {model} model has no attention "
+                     f"kernel; use auto (the model's dtype){others}")
 
 
 class KVCacheSpec(Protocol):

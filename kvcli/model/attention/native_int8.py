@@ -11,7 +11,7 @@ are the same as the float32 route's (native_cpu.py's metadata), so only the K/V 
 kernels differ.
 
 Without the native kernels (no C compiler, ``KVCLI_NATIVE=0``) or off the CPU an int8 cache is
-refused at model set-up (:func:`int8_unavailable`): the torch routes have no int8 reader.
+refused at model set-up (selector.py): the torch routes have no int8 reader.
 """
 
 from __future__ import annotations
@@ -59,14 +59,3 @@ class NativeInt8Impl:
         native.quantize_kv(meta.lib, v, slots, kv_layer[1])
         return native_forward(q, kv_layer, meta, self.sliding_window, self.scale)
 
-
-def int8_unavailable(platform: Platform, layers: list[LayerAttention]) -> str | None:
-    """Why an int8 KV cache cannot run on ``platform`` with these layers (None: it can)."""
-    if not platform.cpu:
-        return f"runs on the CPU only (the native kernels), not {platform.device.type}"
-    if platform.native is None:
-        return ("needs the native CPU kernels, which are off (no C compiler, or KVCLI_NATIVE=0); "
-                "the torch attention routes read float caches only")
-    if any(spec.softcap is not None for spec in layers):
-        return "soft-capped attention logits (Gemma 2) have no int8 kernel"
-    return None

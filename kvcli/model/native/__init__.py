@@ -27,8 +27,12 @@ log = logging.getLogger("kvcli.native")
 SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
                           "elementwise.c", "qgemm.c", "paged_attention_int8.c",
-                          "prefill_attention_int8.c"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "kv_int8.h"))
+                          "prefill_attention_int8.c", "paged_attention_bf16.c",
+                          "prefill_attention_bf16.c"))
+# Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
+# once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "kv_int8.h",
+                                                      "kv_rows.h", "paged_attention_kv.c"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
@@ -117,7 +121,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         detail = getattr(err, "stderr", "") or err
         log.warning("native CPU kernels off: build failed: %s", detail)
         return None
-    for suffix in ("", "_int8"):  # the float32 cache's kernels and the int8 cache's
+    for suffix in ("", "_int8", "_bf16"):  # the kernels of each KV cache format
         fn = getattr(lib, f"kvcli_paged_decode_attention{suffix}")
         fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
         fn.restype = ctypes.c_int
@@ -151,10 +155,12 @@ def num_threads() -> int:
 
 
 def _kernel(lib: ctypes.CDLL, name: str, kv_layer: torch.Tensor) -> Any:
-    """The attention kernel for the cache's layout: float32, or the int8 rows of kv_int8.h
-    (a uint8 pool, kvcli/model/attention/native_int8.py)."""
+    """The attention kernel for the cache's layout: float32, the int8 rows of kv_int8.h (a
+    uint8 pool, kvcli/model/attention/native_int8.py), or bfloat16 (native_bf16.py)."""
     if kv_layer.dtype == torch.uint8:
         return getattr(lib, f"{name}_int8")
+    if kv_layer.dtype == torch.bfloat16:
+        return getattr(lib, f"{name}_bf16")
     if kv_layer.dtype != torch.float32:
         raise TypeError(f"{name}: no kernel for a {kv_layer.dtype} KV cache")
     return getattr(lib, name)

@@ -24,15 +24,14 @@
 
 #include "pool.h"
 
-/* KV_INT8 (prefill_attention_int8.c): the cache holds int8 rows (kv_int8.h). Each 32-key panel
- * is widened to float as it is transposed, and its V rows into a [KB][D] float scratch beside
- * it: converted once per panel for every query row of the work item (up to QT x group rows),
- * in L1, never as a copy of the cache. */
-#if defined(KV_INT8)
-#include "kv_int8.h"
-typedef uint8_t kv_t;
-#define KV_ROW(D) kv8_row(D)
-#define KV_NAME(name) name##_int8
+/* KV_INT8 or KV_BF16 (prefill_attention_int8.c, _bf16.c): the cache holds int8 or bfloat16
+ * rows (kv_rows.h). Each 32-key panel is widened to float as it is transposed, and its V rows
+ * into a [KB][D] float scratch beside it: converted once per panel for every query row of the
+ * work item (up to QT x group rows), in L1, never as a copy of the cache. */
+#if defined(KV_INT8) || defined(KV_BF16)
+#define KV_CONVERTED 1
+#include "kv_rows.h"
+#define KV_ROW(D) kv_row(D)
 #else
 typedef float kv_t;
 #define KV_ROW(D) (D)
@@ -189,17 +188,17 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, f
 }
 
 /* Token t of a panel: its K row transposed into kt [D][KB], its V row's address (float: in
- * the cache; int8: widened into vb [KB][D]). `at` is the row's offset in the cache. */
+ * the cache; int8, bfloat16: widened into vb [KB][D]). `at` is the row's offset in the cache. */
 static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, float *kt,
                             float *vb, const float **vrow) {
-#if defined(KV_INT8)
+#if defined(KV_CONVERTED)
     float sc, bias;
-    const uint8_t *ku = j->k + at, *vu = j->v + at;
-    kv8_params(ku, D, &sc, &bias);
-    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = (float)ku[d] * sc + bias;
-    kv8_params(vu, D, &sc, &bias);
+    const kv_t *ku = j->k + at, *vu = j->v + at;
+    kv_params(ku, D, &sc, &bias);
+    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = kv_f32(ku[d]) * sc + bias;
+    kv_params(vu, D, &sc, &bias);
     float *dst = vb + t * D;
-    for (int64_t d = 0; d < D; d++) dst[d] = (float)vu[d] * sc + bias;
+    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
     *vrow = dst;
 #else
     (void)vb;
