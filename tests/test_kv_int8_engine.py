@@ -112,3 +112,19 @@ def test_generate_flag_reaches_the_engine(tiny_models, tmp_path):
                                         "--kv-cache-dtype", "float16"],
                                  input='{"prompt": "The fox went"}\n')
     assert refused.exit_code == 2 and "float16 cache under a float32 model" in refused.output
+
+
+def test_batch1_numpy_decode_reads_the_int8_cache_as_the_batched_path(tiny_models):
+    """One sequence decoding takes the fused NumPy path, whose attention is the int8 kernel:
+    the same tokens and close logprobs as the batched route over the same codes."""
+    llm = LLM(str(tiny_models["llama"]), block_size=BLOCK, kv_cache_dtype="int8")
+    model = llm.engine.model
+    assert model._numpy_decoder is not None and model._numpy_decoder.int8_lib is not None
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+    fused = llm.generate([PROMPTS[0]], params)[0].outputs[0]
+    model._numpy_decoder = None
+    llm.engine.reset_prefix_cache()
+    batched = llm.generate([PROMPTS[0]], params)[0].outputs[0]
+    assert fused.token_ids == batched.token_ids
+    for a, b, token in zip(fused.logprobs, batched.logprobs, fused.token_ids, strict=True):
+        assert abs(a[token] - b[token]) < 1e-3

@@ -152,8 +152,9 @@ class LlamaForCausalLM(nn.Module):
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
+        kv = self.platform.kv_dtype  # it reads a float32 cache, or int8 through the kernels
         fits = (self.numpy_decode_equivalent and NumpyDecoder.supports(self)
-                and self.platform.kv_dtype == torch.float32)  # it reads a float32 cache
+                and (kv == torch.float32 or (kv == torch.uint8 and self.platform.native)))
         self._numpy_decoder = NumpyDecoder(self) if fits else None
 
     def set_kv_cache_dtype(self, kv_dtype: torch.dtype) -> None:
@@ -168,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         self.platform, self.attention_backend = platform, backend
         for layer, spec in zip(self.model.layers, self._attention_specs, strict=True):
             layer.self_attn.attn = backend.layer(spec)
-        if self._numpy_decoder is not None:
+        if self._numpy_decoder is not None:  # rebuilt for the new cache (or dropped)
             self.enable_fast_decode()
 
     @property
