@@ -195,9 +195,10 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
     float sc, bias;
     const kv_t *ku = j->k + at, *vu = j->v + at;
     kv_params(ku, D, &sc, &bias);
-    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = kv_f32(ku[d]) * sc + bias;
+    float *dst = vb + t * D; /* widened first (a vector loop), then transposed from L1 */
+    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(ku[d]) * sc + bias;
+    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = dst[d];
     kv_params(vu, D, &sc, &bias);
-    float *dst = vb + t * D;
     for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
     *vrow = dst;
 #else
