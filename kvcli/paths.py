@@ -43,6 +43,11 @@ def file_digests_dir(home: Path | None = None) -> Path:
     return kvcli_home(home) / "file-digests"
 
 
+def calibration_dir(home: Path | None = None) -> Path:
+    """`kvcli bench --calibrate`'s measured prefill/decode rates, one file per model, CPU and dtype."""
+    return kvcli_home(home) / "calibration"
+
+
 def hub_cache_dir() -> Path:
     """Hugging Face's hub cache, where `--model ORG/NAME` snapshots live."""
     # Read at call time: huggingface_hub reads these once, when it is imported.

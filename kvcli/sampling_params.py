@@ -53,6 +53,10 @@ class SamplingParams:
     # Set by generate, never by a line: a reply that starts inside a reasoning block gets its
     # grammar only after these tokens (``</think>``), as vLLM's reasoning + structured outputs.
     structured_after: list[int] | None = field(default=None, metadata={"internal": True})
+    # Set by generate: the model may open its reasoning itself (Qwen3's own template). A reply
+    # whose first token is this one (``<think>``) gets its grammar after ``structured_after``;
+    # any other first token is the grammar's, which then covers the whole reply.
+    structured_opener: int | None = field(default=None, metadata={"internal": True})
 
     def validate(self) -> None:
         """Raise ``ValueError("field: reason")`` for the first invalid field."""

@@ -114,7 +114,7 @@ def test_cpu_vendor_and_flags_choose_the_large_gemm_route(vendor, want, monkeypa
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch built without oneDNN")
     monkeypatch.delenv("KVCLI_LARGE_GEMM", raising=False)
-    monkeypatch.setattr(large_gemm, "_cpuinfo", lambda: (vendor, {"avx2", "avx512f"}))
+    monkeypatch.setattr(large_gemm, "cpuinfo", lambda: (vendor, {"avx2", "avx512f"}))
     large_gemm.library.cache_clear()
     try:
         routes = select_routes(platform())

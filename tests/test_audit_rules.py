@@ -265,7 +265,10 @@ def test_anthropic_breakpoints_and_lookback(tmp_path: Path) -> None:
     assert finding["prompt"] == 2 and "20 blocks" in finding["message"]
     many = chat([system(), {"role": "user", "content": [{**b, "cache_control": {"type": "ephemeral"}} for b in blocks(5)]}])
     doc = audit_json(tmp_path, [many], "--profile", "anthropic")
-    assert [(f["rule"], f["severity"]) for f in doc["findings"]] == [("cache-breakpoints", "error")]
+    assert [(f["rule"], f["severity"]) for f in doc["findings"]] == [("cache-breakpoints", "error"),
+                                                                      ("cache-breakpoints", "warning")]
+    assert "at most 4" in doc["findings"][0]["message"]
+    assert "5 breakpoint(s) below" in doc["findings"][1]["message"]  # a prompt below 1,024 tokens, too
 
 
 # ---- a clean stream -----------------------------------------------------------------

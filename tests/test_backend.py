@@ -11,7 +11,7 @@ from kvcli.cli import main
 from kvcli.engine.llm import LLM
 from kvcli.model import native
 
-KEYS = {"name", "isa", "decode_attention", "prefill_attention", "batch1_decode", "matmul",
+KEYS = {"name", "isa", "precision", "decode_attention", "prefill_attention", "batch1_decode", "matmul",
         "elementwise"}
 
 

@@ -199,7 +199,7 @@ def test_openai_completions() -> None:
 
 
 @pytest.mark.parametrize("line, field, code", [
-    (chat_line({"messages": MSGS}, url="/v1/embeddings"), "url", "invalid_url"),
+    (chat_line({"messages": MSGS}, url="/v1/moderations"), "url", "invalid_url"),
     (chat_line({"messages": MSGS}, method="GET"), "method", "invalid_request"),
     (chat_line("not an object"), "body", "invalid_request"),
     (chat_line({}), "body.messages", "invalid_request"),

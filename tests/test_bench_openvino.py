@@ -125,3 +125,29 @@ def test_cli_side_by_side_with_the_peer(fake_openvino, tmp_path, monkeypatch):
     assert peer["prefill_tokens_computed"] is None and peer["peak_rss_mb"] is not None
     assert peer["outputs_matching"] == 0  # the stand-in does not run the model: reported as such
     assert kv["outputs_match"] is True
+
+
+def test_openvino_default_forces_no_precision_and_reports_its_own(fake_openvino, tmp_path,
+                                                                  monkeypatch):
+    model_dir = make_tiny_model("llama", tmp_path / "llama")
+    monkeypatch.setenv("KVCLI_OPENVINO_PYTHON", sys.executable)
+    result = CliRunner().invoke(main, ["bench", "--workload", "shared-prefix", "--model",
+                                       str(model_dir), "--compare", "openvino,openvino-default",
+                                       "--json", "-q", *SMALL])
+    assert result.exit_code == 0, result.output
+    _, forced, default = json.loads(result.stdout)["systems"]
+    assert (forced["name"], forced["exact"]) == ("openvino", True)
+    assert forced["precision"] == "inference f32, KV f32 (forced)"
+    assert (default["name"], default["exact"], default["weights"]) == (
+        "openvino-default", False, "defaults")
+    assert default["precision"] == "inference bf16, KV u8 (its defaults)"
+    # the stand-in drifts from the third token at its defaults: the pipeline got no f32 hints
+    runs = []
+    for defaults in (False, True):
+        system = OpenVinoSystem(Path(sys.executable), model_dir, 1024, 1, defaults=defaults)
+        try:
+            system.start().before_run(PROMPTS, 4)
+            runs.append(system.run(PROMPTS, 4).outputs)
+        finally:
+            system.close()
+    assert [o[:2] for o in runs[0]] == [o[:2] for o in runs[1]] and runs[0] != runs[1]

@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 COMMAND_OPTIONS = {
     "generate": set(ALL_ENGINE_OPTIONS),
     "serve": set(ALL_ENGINE_OPTIONS),
-    "perplexity": {"model", "quantization", "max_num_batched_tokens", "dtype", "device"},
-    "bench": {"model", "max_num_batched_tokens"},
+    "perplexity": {"model", "quantization", "max_num_batched_tokens", "precision", "dtype",
+                   "device"},
+    "bench": {"model", "max_num_batched_tokens", "precision", "dtype"},
 }
 
 
@@ -110,6 +111,7 @@ def test_parsed_options_round_trip_to_the_same_engine_config(command: str,
         model=str(tmp_path), chat_template="{{ messages }}", block_size=4, num_blocks=9,
         kv_cache_memory=3 << 20, max_num_batched_tokens=99, max_num_seqs=3,
         enable_prefix_caching=False, scheduling="cache-aware", device="cuda:1", dtype="bfloat16",
+        precision="fast",
         allow_pickle=True, quantization="int8", kv_cache_dir=str(tmp_path / "kv"),
         kv_cache_dir_max_bytes=5 << 20, kv_cache_dir_insecure=True,
         structured_compile_timeout=None, seed=7, quiet=True)

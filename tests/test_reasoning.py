@@ -1,11 +1,12 @@
 """Reasoning models: --reasoning-parser splits <think>…</think> from the answer (vLLM's parsers),
 auto-detected from the chat template; chat_template_kwargs and earlier turns' reasoning reach
-the template; a constrained line that would reason is its line's error."""
+the template; a constrained line whose tokenizer spells <think> in pieces is its line's error."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 
 import jsonschema
 import pytest
@@ -185,12 +186,15 @@ def test_audit_renders_chat_template_kwargs_as_generate(thinking_model):
     assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n")
 
 
-def test_a_grammar_where_the_model_may_open_reasoning_itself_is_refused(tiny_models):
-    """qwen3's own template leaves it to the model whether to write <think>: a grammar from
-    the first token would constrain the reasoning, and one after </think> might never start."""
+def test_a_grammar_where_the_model_may_open_reasoning_itself_needs_think_as_one_token(tiny_models):
+    """Where the model decides whether to write <think> (qwen3's own template), its first token
+    chooses between the grammar and <think> (tests/test_reasoning_grammar.py): a tokenizer that
+    spells <think> in several tokens cannot offer that choice, so the line is refused."""
     line = chat_line({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
                       "response_format": {"type": "json_object"}}, custom_id="c")
     res, out = _run(tiny_models["qwen2"], [line], "--reasoning-parser", "qwen3")
     assert res.exit_code == 1
     assert out["c"]["error"]["param"] == "body.response_format"
-    assert "enable_thinking" in out["c"]["error"]["message"]
+    message = out["c"]["error"]["message"]
+    assert "<think> as one token" in message and re.search(r"\(\d+ tokens here\)", message)
+    assert "enable_thinking" in message

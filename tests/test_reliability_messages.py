@@ -80,7 +80,7 @@ def test_cacheability_says_what_it_bounds(tmp_path: Path) -> None:
 
 
 def test_refused_endpoint_lists_exactly_what_generate_accepts(tiny_models, tmp_path) -> None:
-    lines = [{"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+    lines = [{"custom_id": "e", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}},
              {"custom_id": "r", "method": "POST", "url": "/v1/responses",
               "body": {"input": "x", "max_output_tokens": 2}}]
     inp = tmp_path / "in.jsonl"
@@ -90,8 +90,8 @@ def test_refused_endpoint_lists_exactly_what_generate_accepts(tiny_models, tmp_p
     assert res.exit_code == 1
     out = {r["custom_id"]: r for r in map(json.loads, res.stdout.splitlines())}
     message = out["e"]["error"]["message"]
-    assert message == ("url: unsupported endpoint '/v1/embeddings'; kvcli generate accepts "
-                       "/v1/chat/completions, /v1/completions and /v1/responses")
+    assert message == ("url: unsupported endpoint '/v1/moderations'; kvcli generate accepts "
+                       "/v1/chat/completions, /v1/completions, /v1/responses and /v1/embeddings")
     assert out["r"]["response"]["body"]["object"] == "response"  # listed, and answered
 
 

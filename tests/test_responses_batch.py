@@ -39,11 +39,11 @@ def test_a_responses_line_is_read_like_a_responses_body():
           "body.text.format.schema.type")
 
 
-def test_the_embeddings_refusal_lists_what_is_accepted():
-    failed = fails({"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
+def test_the_endpoint_refusal_lists_what_is_accepted():
+    failed = fails({"custom_id": "e", "method": "POST", "url": "/v1/moderations",
                     "body": {"input": "x"}}, "url", code="invalid_url")
     assert failed.error.message.endswith("kvcli generate accepts /v1/chat/completions, "
-                                         "/v1/completions and /v1/responses")
+                                         "/v1/completions, /v1/responses and /v1/embeddings")
     assert set(URLS) == set(GENERATE_URLS)  # what the request model reads, generate answers
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
-from openai.types import Completion
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from serve_process import MODEL, ServeProcess, batch_line, write_jsonl
 
@@ -107,6 +107,20 @@ def test_completions_batch(client, tmp_path) -> None:
     for row in lines_of(client, batch.output_file_id):
         body = Completion.model_validate(row["response"]["body"])
         assert body.object == "text_completion" and body.usage.completion_tokens == 4
+
+
+def test_embeddings_batch(client, tmp_path) -> None:
+    rows = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": MODEL, "input": ["Instruct: retrieve\nQuery: the fox", f"x {i}"]}}
+            for i in range(3)]
+    batch = run(client, tmp_path, rows, endpoint="/v1/embeddings")
+    assert batch.status == "completed" and batch.error_file_id is None
+    prompt = 0
+    for row in lines_of(client, batch.output_file_id):
+        body = CreateEmbeddingResponse.model_validate(row["response"]["body"])
+        assert [d.index for d in body.data] == [0, 1] and len(body.data[0].embedding) == 64
+        prompt += body.usage.prompt_tokens
+    assert batch.usage.input_tokens == prompt and batch.usage.output_tokens == 0
 
 
 def test_validation_failures_name_their_lines(client, tmp_path) -> None:

@@ -15,7 +15,7 @@ from itertools import accumulate
 
 from kvcli.audit.capacity import CacheModels
 from kvcli.audit.contrast import Contrast, build_contrast
-from kvcli.audit.counting import HitCounter
+from kvcli.audit.counting import HitCounter, segment_token_ends
 from kvcli.audit.excerpt import make_excerpt
 from kvcli.audit.groups import GroupsReport, SegmentStore, locate, prefix_groups
 from kvcli.audit.hits import usable_blocks
@@ -33,6 +33,7 @@ from kvcli.audit.records import (
 )  # fmt: skip
 from kvcli.audit.render import render_request
 from kvcli.audit.rules import AuditContext, PromptView, make_rules
+from kvcli.audit.rules.breakpoints import unread_findings
 from kvcli.audit.shapes import Conversations, ToolPrinter, shape_of
 from kvcli.audit.template import render_with_template
 from kvcli.audit.textstore import TextStore
@@ -144,7 +145,11 @@ class Auditor:
             yield chunk
 
     def finish(self) -> list[Finding]:
-        return [f for rule in self.rules for f in rule.finish()]
+        found = [f for rule in self.rules for f in rule.finish()]
+        found += unread_findings(self.hits.breakpoints, self.profile, self.ctx)
+        for f in found:  # run-wide findings (one per place) count in the summary as the per-prompt ones
+            self.summary.findings[f.severity] += 1
+        return found
 
     def prefix_groups(self) -> GroupsReport:
         report = prefix_groups(self.index, self.summary.tokens, block_hits=self.profile.hit_model not in ("tokens", "slots"))
@@ -217,6 +222,8 @@ class Auditor:
         hint = previous.index if previous is not None else prompt.index - 1
         match = self.index.match(ids, raw, request.cache_salt, hint)
         min_tokens = self.profile.min_tokens_for(request.model)
+        if not ends and self.profile.hit_model == "blocks" and self.profile.takes_breakpoints(request.model):
+            ends = segment_token_ends(prompt, ids, self.tokenizer)  # OpenAI's breakpoints
         cached, read = self.hits.cached(prompt, ids, ends, match, min_tokens)
         divergence = None
         if match.against is not None:
@@ -226,6 +233,7 @@ class Auditor:
             prompt, len(ids), cached, match.lcp, min_tokens, divergence, shape,
             self._contrast_factory(prompt, divergence),
             breakpoint_reachable=read.reachable if read else 0, breakpoints=read.breakpoints if read else 0,
+            breakpoint_marks=read.marks if read else [],
         )  # fmt: skip
         self._ids.append(request.id)
         self._sessions.append(request.session)

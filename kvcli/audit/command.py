@@ -34,6 +34,7 @@ from kvcli.audit.tokenizers import TokenizerLoadError, load_tokenizer
 from kvcli.audit.trace_command import run_trace
 from kvcli.audit.traffic import TrafficCompare, load_responses, traffic_dict, traffic_lines
 from kvcli.audit.worth import ShareCounter, Worth, worth_dict, worth_lines
+from kvcli.calibration import load_calibration
 
 if TYPE_CHECKING:
     from kvcli.checkpoint.convert import TensorWriter
@@ -212,7 +213,10 @@ def _report(
         capacity.kv_dtype = opts.kv_dtype()
     bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
     shares, traffic = observed if observed is not None else (None, None)
-    worth = Worth(summary.tokens, summary.cached_tokens, bounded, opts.prefill_tok_s, shares, auditor.hits)
+    calibration = None if opts.prefill_tok_s else load_calibration(getattr(auditor.tokenizer, "directory", None), opts.dtype)
+    rate = opts.prefill_tok_s or (calibration.prefill_tok_s if calibration is not None else None)
+    worth = Worth(summary.tokens, summary.cached_tokens, bounded, rate, shares, auditor.hits, calibration,
+                  opts.model, opts.dtype)
     groups = auditor.prefix_groups() if wanted else None
     id_of = auditor.ctx.id_of
     if opts.html_path:
@@ -242,7 +246,9 @@ def _report(
             lines = summary_lines(tokenizer, profile, summary, len(problems), style)
             lines += timing_lines(auditor.hits, style)
             priced = auditor.hits.cost is not None and bool(auditor.hits.cost.models)
-            lines += worth_lines(worth, style) if opts.prefill_tok_s or priced else []
+            # With --model an engine run is predicted: say what it is worth, or how to calibrate
+            engine = opts.model is not None and auditor.hits.cost is None
+            lines += worth_lines(worth, style) if worth.rate or priced or engine else []
             lines += traffic_lines(traffic, opts.limit, style) if traffic is not None else []
             lines += _capacity_text(opts, capacity, style)
             lines += groups_lines(groups, id_of, style) if groups is not None else []

@@ -14,6 +14,7 @@ import orjson
 from kvcli.audit.auditor import AuditConfig, Auditor
 from kvcli.audit.configure import cache_options, make_profile
 from kvcli.audit.fixes import ALL_RULES, DEFAULT_RULES, Change, FixContext, apply_rule, learn_tools
+from kvcli.audit.otel import is_otel
 from kvcli.audit.reading import request_of
 from kvcli.audit.records import PromptRequest
 from kvcli.audit.report_fix import fix_dict, fix_lines_text
@@ -101,6 +102,9 @@ def read_lines(path: str) -> list[Line]:
                 value = orjson.loads(raw) if raw.strip() else None
             except orjson.JSONDecodeError:
                 value = None
+            if is_otel(value):  # a span's request is not a line to rewrite in place
+                raise InputError(f"--fix: {path}:{number} is an OpenTelemetry export: --fix rewrites request "
+                                 "files (audit the spans without --fix)")
             lines.append(Line(number, raw, value))
     return lines
 

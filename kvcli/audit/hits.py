@@ -15,11 +15,14 @@ breakpoints when the prefix there is at least the model's minimum.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvcli.audit.prefix_index import token_bytes
 from kvcli.hashing import DEFAULT_BLOCK_SIZE, hash_token_blocks
+
+LONG_TTL_S = 3600.0  # Anthropic's cache_control {"ttl": "1h"}
 
 
 def leading_hits(hashes: Sequence[bytes], seen: Container[bytes]) -> int:
@@ -80,21 +83,30 @@ class BreakpointRead:
     reachable: int  # longest prefix an earlier request wrote, ignoring the lookback limit
     breakpoints: int  # breakpoints this request has
     written: int = 0  # tokens past the read that this request wrote (billed as cache writes)
+    written_long: int = 0  # of them, those up to a 1-hour breakpoint (Anthropic bills them 2x)
+    marks: list[tuple[str, int]] = field(default_factory=list)  # explicit breakpoints: (segment label, token end)
 
 
 class BreakpointCache:
     """Anthropic-style writes and reads at content-block boundaries; with request times, an
     entry lives `ttl` seconds after its last write or read."""
 
-    __slots__ = ("lookback", "ttl", "_written", "unread")
+    __slots__ = ("lookback", "ttl", "_written", "unread", "read_at", "_label", "_long", "_pending", "shared_before")
 
     def __init__(self, lookback: int, ttl: float | None = None) -> None:
         self.lookback = lookback
         self.ttl = ttl
         self._written: dict[bytes, float | None] = {}  # prefix hash -> last write or read
-        # Writes no later request has read yet: prefix hash -> (tokens billed as a write, where).
-        # What is left at the end was paid for at the write price and never used.
-        self.unread: dict[bytes, tuple[int, str]] = {}
+        # Writes no later request has read yet: prefix hash -> (tokens billed as a write, where,
+        # segment label, prompt). What is left at the end was paid for at the write price and never used.
+        self.unread: dict[bytes, tuple[int, str, str, int]] = {}
+        self.read_at: Counter[str] = Counter()  # segment label of the write a read found -> reads
+        self._label: dict[bytes, str] = {}  # prefix hash -> the label of the breakpoint that wrote it
+        self._long: set[bytes] = set()  # entries written by a 1-hour breakpoint (cache_control ttl "1h")
+        # An unread write's prefix up to the part it marks -> those writes; when a later request has
+        # that prefix too, the write is in `shared_before`: the marked part is what differs.
+        self._pending: dict[bytes, list[bytes]] = {}
+        self.shared_before: set[bytes] = set()
 
     @staticmethod
     def _prefix_hashes(ids: Sequence[int], ends: Sequence[int], salt: str | None) -> list[bytes]:
@@ -110,21 +122,28 @@ class BreakpointCache:
         if h not in self._written:
             return False
         then = self._written[h]
-        return self.ttl is None or now is None or then is None or now - then <= self.ttl
+        ttl = self.ttl if self.ttl is None or h not in self._long else max(self.ttl, LONG_TTL_S)
+        return ttl is None or now is None or then is None or now - then <= ttl
 
     def step(
         self, ids: Sequence[int], ends: Sequence[int], marked: Sequence[int], salt: str | None, min_tokens: int,
-        now: float | None = None, where: Sequence[str] = (),
+        now: float | None = None, where: Sequence[str] = (), labels: Sequence[str] = (), prompt: int = -1,
+        long: Container[int] = (),
     ) -> BreakpointRead:
-        """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block indexes."""
+        """Read then write for one request. `ends`: token end of each block; `marked`: breakpoint block
+        indexes; `long`: those with a 1-hour TTL."""
         hashes = self._prefix_hashes(ids, ends, salt)
-        cached = reachable = written = 0
+        for h in hashes:
+            if h in self._pending:
+                self.shared_before.update(self._pending.pop(h))
+        cached = reachable = written = written_long = 0
         for b in marked:
             for j in range(b, max(-1, b - self.lookback), -1):
                 if self._alive(hashes[j], now):
                     cached = max(cached, ends[j])
                     self._written[hashes[j]] = now  # a read refreshes the entry
                     self.unread.pop(hashes[j], None)
+                    self.read_at[self._label.get(hashes[j], "")] += 1
                     break
         for j in range(len(ends) - 1, -1, -1):
             if self._alive(hashes[j], now):
@@ -135,7 +154,16 @@ class BreakpointCache:
             if ends[b] >= min_tokens:
                 if not self._alive(hashes[b], now):
                     written = max(written, ends[b] - cached)
-                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "")
+                    if b in long:
+                        written_long = max(written_long, ends[b] - cached)
+                    label = labels[b] if b < len(labels) else ""
+                    self.unread[hashes[b]] = (max(0, ends[b] - before), where[b] if b < len(where) else "", label,
+                                              prompt)
+                    self._label[hashes[b]] = label
+                    if label and b > 0:
+                        self._pending.setdefault(hashes[b - 1], []).append(hashes[b])
                 self._written[hashes[b]] = now
+                if b in long:
+                    self._long.add(hashes[b])
                 before = max(before, ends[b])
-        return BreakpointRead(cached, reachable, len(marked), written)
+        return BreakpointRead(cached, reachable, len(marked), written, written_long)

@@ -29,6 +29,8 @@ class Profile:
     as_of: str = ""
     input_prices: tuple[tuple[str, float], ...] = ()  # (model prefix, US$/M input); () = timing.py's table
     prices_as_of: str = ""  # where input_prices come from ("" = timing.PRICES_AS_OF)
+    # (model id prefix, takes explicit breakpoints): OpenAI's prompt_cache_breakpoint; longest prefix wins
+    breakpoint_models: tuple[tuple[str, bool], ...] = ()
 
     def min_tokens_for(self, model: str | None) -> int:
         """The minimum for `model`: the longest matching prefix in the table, else the default."""
@@ -37,6 +39,14 @@ class Profile:
             if matches:
                 return max(matches)[1]
         return self.min_tokens or self.block_size
+
+    def takes_breakpoints(self, model: str | None) -> bool:
+        """Whether `model` reads and writes at explicit breakpoints: every Anthropic model
+        (cache_control); OpenAI's models in the table (prompt_cache_breakpoint)."""
+        if self.hit_model == "breakpoints":
+            return True
+        matches = [(len(p), takes) for p, takes in self.breakpoint_models if model and model.startswith(p)]
+        return max(matches)[1] if matches else False
 
     def with_overrides(self, block_size: int | None, min_tokens: int | None, slots: int | None = None) -> Profile:
         changed = self
@@ -67,6 +77,18 @@ ANTHROPIC_MINIMUMS: tuple[tuple[str, int], ...] = (
     ("claude-sonnet-4", 1024),
     ("claude-3-7-sonnet", 1024),
 )
+
+# OpenAI models that take `prompt_cache_breakpoint` on content blocks (with `prompt_cache_options`
+# {"mode": "implicit"|"explicit", "ttl": "30m"}): "Supported for gpt-5.6 and later models";
+# up to 4 breakpoint writes a request (the implicit one, at the newest user or tool message, takes
+# one), the latest 80 breakpoints considered on a read with no content-block lookback limit, a
+# match exactly at a breakpoint (no 128-token steps), writes at 1.25x the input price, 30 min TTL.
+# developers.openai.com/api/docs/guides/prompt-caching and the API reference's
+# PromptCacheOptionsParam, read 2026-12-02. Earlier models: automatic caching only ("not offered").
+OPENAI_BREAKPOINT_MODELS: tuple[tuple[str, bool], ...] = (("gpt-5.6", True),)
+OPENAI_BREAKPOINT_WRITES = 4
+OPENAI_BREAKPOINT_TTL_S = 1800.0
+OPENAI_BREAKPOINTS_AS_OF = "2026-12-02"
 
 PROFILES: dict[str, Profile] = {
     "kvcli": Profile(
@@ -111,7 +133,9 @@ PROFILES: dict[str, Profile] = {
     ),
     "openai": Profile(
         name="openai",
-        summary="automatic exact-prefix caching from 1024 tokens, hits in 128-token increments",
+        summary="automatic exact-prefix caching from 1024 tokens, hits in 128-token increments; "
+        "gpt-5.6 and later: reads and writes at breakpoints (prompt_cache_breakpoint, else one "
+        "implicit at the newest user or tool message)",
         hit_model="blocks",
         block_size=128,
         min_tokens=1024,
@@ -120,6 +144,8 @@ PROFILES: dict[str, Profile] = {
         source="openai-cookbook examples/Prompt_Caching_201.ipynb (s1.1); "
         "developers.openai.com/api/docs/guides/prompt-caching",
         as_of="2026",
+        max_breakpoints=OPENAI_BREAKPOINT_WRITES,
+        breakpoint_models=OPENAI_BREAKPOINT_MODELS,
     ),
     "anthropic": Profile(
         name="anthropic",

@@ -6,7 +6,11 @@ prefix (the longest matching prefix wins, a file's entry over the table's for th
 
     {"as_of": "2026-11-01", "source": "platform.claude.com pricing page",
      "models": {"claude-sonnet-4-6": {"min_tokens": 2048, "input_usd_per_mtok": 3.0},
-                "gpt-5.1": {"input_usd_per_mtok": 1.25}}}
+                "gpt-5.1": {"input_usd_per_mtok": 1.25},
+                "gpt-5.7": {"breakpoints": true}}}
+
+`breakpoints` (OpenAI profile): whether the model takes `prompt_cache_breakpoint` (the table,
+profiles.OPENAI_BREAKPOINT_MODELS, has gpt-5.6; false takes a model prefix out again).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from kvcli.audit.profiles import Profile
 from kvcli.audit.sources import InputError
 from kvcli.audit.timing import INPUT_USD_PER_MTOK, PRICES_AS_OF
 
-KEYS = ("min_tokens", "input_usd_per_mtok")
+KEYS = ("min_tokens", "input_usd_per_mtok", "breakpoints")
 
 
 def _number(where: str, value: Any, integer: bool) -> float:
@@ -46,7 +50,12 @@ def load_rules(path: str) -> dict[str, Any]:
         if not isinstance(rules, dict) or not rules or set(rules) - set(KEYS):
             raise InputError(f"{path}: models.{prefix}: expected an object with {' and/or '.join(KEYS)}")
         for key in rules:
-            rules[key] = _number(f"{path}: models.{prefix}.{key}", rules[key], key == "min_tokens")
+            where = f"{path}: models.{prefix}.{key}"
+            if key == "breakpoints":
+                if not isinstance(rules[key], bool):
+                    raise InputError(f"{where}: expected true or false, got {rules[key]!r}")
+                continue
+            rules[key] = _number(where, rules[key], key == "min_tokens")
     return {"as_of": str(data.get("as_of") or "?"), "source": str(data.get("source") or path), "models": models}
 
 
@@ -57,6 +66,10 @@ def with_rules(profile: Profile, rules: dict[str, Any]) -> Profile:
     minimums.update({p: int(r["min_tokens"]) for p, r in models.items() if "min_tokens" in r})
     prices = dict(profile.input_prices or INPUT_USD_PER_MTOK.get(profile.name, ()))
     prices.update({p: float(r["input_usd_per_mtok"]) for p, r in models.items() if "input_usd_per_mtok" in r})
+    points = dict(profile.breakpoint_models)
+    if profile.name == "openai":  # Anthropic's models all take cache_control
+        points.update({p: r["breakpoints"] for p, r in models.items() if "breakpoints" in r})
     where = f"{rules['source']} (--provider-rules, as of {rules['as_of']})"
     return replace(profile, model_min_tokens=tuple(minimums.items()), input_prices=tuple(prices.items()),
+                   breakpoint_models=tuple(points.items()),
                    prices_as_of=f"{PRICES_AS_OF} with {where}", source=f"{profile.source}; {where}")

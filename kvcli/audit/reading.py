@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from kvcli.audit.otel import is_otel, otel_requests
 from kvcli.audit.parse import to_request
 from kvcli.audit.records import InputProblem, PromptRequest, PromptResult
 from kvcli.audit.sources import InputError, RawRecord, check_paths, iter_records
@@ -15,7 +16,33 @@ from kvcli.audit.traffic import is_pair, unwrap
 
 def requests(paths: list[str], stdin: IO[bytes] | None, time_field: str | None = None) -> Iterator[PromptRequest | InputProblem]:
     for item in iter_records(paths, stdin):
-        yield request_of(item, time_field) if isinstance(item, RawRecord) else item
+        if not isinstance(item, RawRecord):
+            yield item
+        elif not item.is_text and is_otel(item.value):
+            yield from span_requests(item, time_field)
+        else:
+            yield request_of(item, time_field)
+
+
+def span_requests(item: RawRecord, time_field: str | None) -> Iterator[PromptRequest | InputProblem]:
+    """An OpenTelemetry export: one request per GenAI span, with the span's usage."""
+    for where, body, actual in otel_requests(item.value, item.where):
+        if isinstance(body, str):
+            yield InputProblem(where, body)
+            continue
+        request = to_request(body, where)
+        if isinstance(request, PromptRequest):
+            request.actual = actual
+            request = _timed(request, body, time_field, where)
+        yield request
+
+
+def _timed(request: PromptRequest, value: object, time_field: str | None, where: str) -> PromptRequest | InputProblem:
+    try:
+        request.time = request_time(value, time_field)
+    except TimeFieldError as err:
+        return InputProblem(where, str(err))
+    return request
 
 
 def request_of(item: RawRecord, time_field: str | None = None) -> PromptRequest | InputProblem:
@@ -24,10 +51,7 @@ def request_of(item: RawRecord, time_field: str | None = None) -> PromptRequest 
     request = to_request(value, item.where, item.is_text)
     if isinstance(request, PromptRequest) and not item.is_text:
         request.actual = actual
-        try:
-            request.time = request_time(value, time_field)
-        except TimeFieldError as err:
-            request = InputProblem(item.where, str(err))
+        return _timed(request, value, time_field, item.where)
     return request
 
 

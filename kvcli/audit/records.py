@@ -46,6 +46,7 @@ class PromptRequest:
     position: int | None = None  # 0-based place in the input, where --diff picked it
     time: float | None = None  # seconds since the epoch (created, timestamp, --time-field)
     actual: Any = None  # traffic.Actual: what the provider cached, for a logged request+response pair
+    cache_mode: str | None = None  # OpenAI prompt_cache_options.mode: "explicit" drops the implicit breakpoint
 
     @property
     def is_chat(self) -> bool:
@@ -71,6 +72,8 @@ class Segment:
     role: str | None = None
     message: int | None = None  # index into messages
     cache_control: bool = False  # Anthropic breakpoint on this block
+    breakpoint: bool = False  # OpenAI prompt_cache_breakpoint on this block
+    long_ttl: bool = False  # the Anthropic breakpoint has {"ttl": "1h"}
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>\n"
 GENERATION_PROMPT = IM_START + "assistant\n"
 MAX_PART_DEPTH = 8
+CACHE_CONTROL, BREAKPOINT, LONG_TTL = 1, 2, 4  # a block's marks (bits); LONG_TTL: cache_control ttl "1h"
 T = TypeVar("T")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -156,21 +157,32 @@ class _Builder:
 
     def add(
         self, text: str, label: str, kind: SegmentKind, role: str | None = None,
-        message: int | None = None, cache_control: bool = False,
+        message: int | None = None, marks: int = 0,
     ) -> None:  # fmt: skip
         self.parts.append(text)
         start, self.pos = self.pos, self.pos + len(text)
-        self.segments.append(Segment(label, kind, start, self.pos, role, message, cache_control))
+        self.segments.append(Segment(label, kind, start, self.pos, role, message, bool(marks & CACHE_CONTROL),
+                                     bool(marks & BREAKPOINT), bool(marks & LONG_TTL)))
 
 
-def tool_blocks(tools: list[Any]) -> list[tuple[str, str, bool]]:
-    """(text, label, cache_control) per tool definition, wrapper included."""
+def marks_of(node: Any) -> int:
+    """The cache breakpoints a block carries: Anthropic's cache_control, OpenAI's prompt_cache_breakpoint."""
+    if not isinstance(node, dict):
+        return 0
+    control = node.get("cache_control")
+    long = LONG_TTL if isinstance(control, dict) and control.get("ttl") == "1h" else 0
+    return (CACHE_CONTROL | long if control is not None else 0) | (
+        BREAKPOINT if node.get("prompt_cache_breakpoint") is not None else 0)
+
+
+def tool_blocks(tools: list[Any]) -> list[tuple[str, str, int]]:
+    """(text, label, marks) per tool definition, wrapper included."""
     blocks = []
     last = len(tools) - 1
     for i, tool in enumerate(tools):
         head = IM_START + "tools\n" if i == 0 else ""
         tail = "\n" + (IM_END if i == last else "")
-        cache = isinstance(tool, dict) and tool.get("cache_control") is not None
+        cache = marks_of(tool)
         blocks.append((head + dumps(tool, f"tools[{i}]") + tail, f"tools[{i}] {tool_name(tool)}", cache))
     return blocks
 
@@ -180,20 +192,20 @@ def _render_tools(b: _Builder, tools: list[Any]) -> None:
         b.add(text, label, "tools", None, None, cache)
 
 
-def _content_pieces(content: Any, where: str) -> list[tuple[str, str, bool]]:
-    """(text, label suffix, has cache_control) per content block."""
+def _content_pieces(content: Any, where: str) -> list[tuple[str, str, int]]:
+    """(text, label suffix, marks) per content block."""
     if content is None or isinstance(content, str):
-        return [(content or "", "", False)]
+        return [(content or "", "", 0)]
     pieces = []
     for j, part in enumerate(content):
         text = render_part(part, f"{where}[{j}]")
-        cache = isinstance(part, dict) and part.get("cache_control") is not None
+        cache = marks_of(part)
         pieces.append((("\n" if j else "") + text, f" content[{j}]", cache))
-    return pieces or [("", "", False)]
+    return pieces or [("", "", 0)]
 
 
-def message_blocks(message: dict[str, Any], where: str) -> list[tuple[str, str, bool]]:
-    """(text, label suffix, cache_control) per content block of one message, wrapper included."""
+def message_blocks(message: dict[str, Any], where: str) -> list[tuple[str, str, int]]:
+    """(text, label suffix, marks) per content block of one message, wrapper included."""
     role = message["role"]
     name = message.get("name")
     head = IM_START + role + (f" name={name}" if isinstance(name, str) else "") + "\n"
@@ -202,11 +214,11 @@ def message_blocks(message: dict[str, Any], where: str) -> list[tuple[str, str, 
     pieces = [] if content is None and calls else _content_pieces(content, f"{where}.content")
     for k, call in enumerate(calls):
         sep = "\n" if pieces and (pieces[-1][0] or k) else ""
-        pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), f" tool_calls[{k}]", False))
+        pieces.append((sep + render_tool_call(call, f"{where}.tool_calls[{k}]"), f" tool_calls[{k}]", 0))
     last = len(pieces) - 1
     blocks = []
     for j, (text, suffix, cache) in enumerate(pieces):
-        cache = cache or (j == last and message.get("cache_control") is not None)
+        cache = cache | (marks_of(message) if j == last else 0)
         text = (head if j == 0 else "") + text + (IM_END if j == last else "")
         blocks.append((text, suffix if last else "", cache))
     return blocks

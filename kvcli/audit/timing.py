@@ -21,8 +21,8 @@ TIME_FIELDS = ("created", "timestamp")
 # OpenAI: "cached prefixes generally remain active for 5 to 10 minutes of inactivity, up to
 # one hour during off-peak" (platform.openai.com/docs/guides/prompt-caching, 2025): the low
 # end is what can be counted on. Anthropic: 5-minute default TTL, refreshed on each hit
-# (docs.anthropic.com build-with-claude/prompt-caching, 2025); "ttl": "1h" is not read per
-# breakpoint: give --cache-ttl 3600 for it.
+# (docs.anthropic.com build-with-claude/prompt-caching, 2025); a breakpoint with "ttl": "1h"
+# writes an entry that lives an hour (hits.LONG_TTL_S), billed at 2x.
 LIFETIME_S = {"openai": 300.0, "anthropic": 300.0}
 
 # (model id prefix, cached input price / input price), platform.openai.com/docs/pricing,
@@ -32,6 +32,10 @@ OPENAI_DEFAULT_READ = 0.5
 # Anthropic (docs.anthropic.com/en/docs/about-claude/pricing, 2025): writes 1.25x (5-minute
 # TTL) or 2x (1 hour), reads 0.1x the base input price, for every current model.
 ANTHROPIC_WRITE, ANTHROPIC_READ = 1.25, 0.1
+ANTHROPIC_WRITE_1H = 2.0
+# OpenAI bills cache writes from the GPT-5.6 family on (1.25x; before it writes were free):
+# developers.openai.com/api/docs/guides/prompt-caching, read 2026-12-02.
+OPENAI_WRITE_PRICED, OPENAI_WRITE = ("gpt-5.6",), 1.25
 PRICES_AS_OF = "2025-08"
 
 # Base input price in US$ per million tokens, by model id prefix (the longest match wins); cached
@@ -136,9 +140,11 @@ class Cost:
     prices: tuple[tuple[str, float], ...] = ()  # --provider-rules' table; () = INPUT_USD_PER_MTOK
     as_of: str = PRICES_AS_OF
 
-    def add(self, model: str | None, tokens: int, cached: int, written: int = 0) -> None:
+    def add(self, model: str | None, tokens: int, cached: int, written: int = 0, written_long: int = 0) -> None:
+        """`written_long`: of `written`, the tokens up to a 1-hour breakpoint (Anthropic: 2x)."""
         read, write = self.multipliers(model)
-        units = (tokens - cached - written) + cached * read + written * write
+        long = ANTHROPIC_WRITE_1H if self.profile == "anthropic" else write
+        units = (tokens - cached - written) + cached * read + (written - written_long) * write + written_long * long
         self.tokens += tokens
         self.units += units
         price = input_price(self.profile, model, self.prices)
@@ -153,7 +159,8 @@ class Cost:
         if self.profile == "anthropic":
             return ANTHROPIC_READ, ANTHROPIC_WRITE
         matches = [(len(p), r) for p, r in OPENAI_READ if model and model.startswith(p)]
-        return (max(matches)[1] if matches else OPENAI_DEFAULT_READ), 1.0
+        write = OPENAI_WRITE if model and model.startswith(OPENAI_WRITE_PRICED) else 1.0
+        return (max(matches)[1] if matches else OPENAI_DEFAULT_READ), write
 
     @property
     def relative(self) -> float:

@@ -11,9 +11,11 @@ import gzip
 import os
 import tempfile
 from array import array
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -133,6 +135,17 @@ class TiktokenTokenizer:
         else:
             offset = len(data) - sum(map(length, ids[k:]))
         return len(data[:offset].decode("utf-8", "ignore"))
+
+    def token_ends(self, text: str, ids: Sequence[int], char_ends: Sequence[int]) -> list[int]:
+        """For each character end, the most tokens whose bytes end by it (one pass, not a search
+        per end: a conversation has hundreds of parts)."""
+        token_end = list(accumulate(map(self._lengths.__getitem__, ids)))
+        out, start, byte_end = [], 0, 0
+        for end in char_ends:
+            byte_end += len(text[start:end].encode("utf-8"))
+            start = end
+            out.append(bisect_right(token_end, byte_end))
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._enc.decode_bytes(ids).decode("utf-8", "replace")

@@ -16,6 +16,7 @@ from kvcli.audit.style import Style, plural
 from kvcli.audit.timing import LIFETIME_S, PRICES_AS_OF, Clock, Cost
 from kvcli.audit.trace import TraceReplay, TraceRequest, parse_trace_line
 from kvcli.audit.worth import TIME_MODEL
+from kvcli.calibration import load_calibration
 from kvcli.numbers import percent
 
 if TYPE_CHECKING:
@@ -44,14 +45,28 @@ def trace_profile(opts: AuditOptions) -> Profile:
     return profile.with_overrides(bs, opts.min_tokens)
 
 
-def _models(opts: AuditOptions, profile: Profile) -> CacheModels:
-    token_bytes = None
-    if opts.model:  # only for sizes in bytes: the model's KV layout
-        from kvcli.audit.tokenizers import ModelTokenizer, load_tokenizer
+def _model_dir(opts: AuditOptions) -> Any:
+    """--model's directory: its KV layout sizes bytes, its calibration gives the prefill rate."""
+    if not opts.model:
+        return None
+    from kvcli.audit.tokenizers import ModelTokenizer, load_tokenizer
 
-        tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
-        if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
-            token_bytes = bytes_per_token(tokenizer.directory, opts.kv_dtype())
+    tokenizer = load_tokenizer(opts.encoding, opts.model, opts.write_tensors)
+    return tokenizer.directory if isinstance(tokenizer, ModelTokenizer) else None
+
+
+def _rate(opts: AuditOptions, directory: Any) -> tuple[float | None, str]:
+    """The prefill rate and where it comes from: --prefill-tok-s, else --model's calibration."""
+    if opts.prefill_tok_s:
+        return opts.prefill_tok_s, f"--prefill-tok-s {opts.prefill_tok_s:,g}"
+    cal = load_calibration(directory, opts.dtype)
+    if cal is None:
+        return None, ""
+    return cal.prefill_tok_s, f"{cal.prefill_tok_s:,g} tokens/s (calibrated on {cal.date} {cal.cpu})"
+
+
+def _models(opts: AuditOptions, profile: Profile, directory: Any) -> CacheModels:
+    token_bytes = bytes_per_token(directory, opts.kv_dtype()) if directory is not None else None
     if opts.concurrency is not None and opts.cache_size is None:
         raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
     blocks = None
@@ -77,7 +92,9 @@ def run_trace(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     """Exit 0 with a report, 2 on bad usage or when no line is a trace line (InputError from here)."""
     profile = trace_profile(opts)
     paths = check_paths(opts.paths)
-    models = _models(opts, profile)
+    directory = _model_dir(opts)
+    models = _models(opts, profile, directory)
+    rate, source = _rate(opts, directory)
     ttl = opts.cache_ttl if opts.cache_ttl is not None else LIFETIME_S.get(profile.name)
     cost = Cost(profile.name) if profile.name == "openai" else None
     replay = TraceReplay(profile, models, Clock.make(ttl), cost)
@@ -96,9 +113,9 @@ def run_trace(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
     capacity = models.report()
     capacity.kv_dtype = opts.kv_dtype() if capacity.token_bytes else None
     if opts.fmt == "json":
-        out.write(orjson.dumps(trace_dict(replay, capacity, problems, opts.prefill_tok_s), option=orjson.OPT_INDENT_2) + b"\n")
+        out.write(orjson.dumps(trace_dict(replay, capacity, problems, rate, source), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        out.write(("\n".join(trace_lines(replay, capacity, problems, Style(bool(opts.color)), opts.prefill_tok_s)) + "\n").encode())
+        out.write(("\n".join(trace_lines(replay, capacity, problems, Style(bool(opts.color)), rate, source)) + "\n").encode())
     out.flush()
     return 0
 
@@ -114,7 +131,8 @@ def _time_sentence(r: TraceReplay) -> str:
     return f"timestamps span {span:,.1f} s{rate}{ttl}{order}"
 
 
-def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate: float | None = None) -> list[str]:
+def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate: float | None = None,
+                source: str = "") -> list[str]:
     p = r.profile
     lines = [
         style(f"kvcli audit: trace of {plural(r.requests, 'request')}", "bold")
@@ -135,7 +153,7 @@ def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate
         saved = r.cached_tokens if capacity.bounded is None else capacity.bounded.cached_tokens
         busy = (f"; {r.tokens / rate / r.span_s:.0%} and {(r.tokens - saved) / rate / r.span_s:.0%} of the trace's "
                 f"{r.span_s:,.0f} s: one prefill engine's load") if r.span_s else ""
-        lines.append(f"  at --prefill-tok-s {rate:,g}: ≈ {r.tokens / rate:,.0f} s of prefill without a cache, "
+        lines.append(f"  at {source or f'--prefill-tok-s {rate:,g}'}: ≈ {r.tokens / rate:,.0f} s of prefill without a cache, "
                      f"{(r.tokens - saved) / rate:,.0f} s with it" + (" (at --cache-size)" if capacity.bounded else "")
                      + busy)
         lines.append(style(f"  an estimate: {TIME_MODEL}", "dim"))
@@ -144,7 +162,8 @@ def trace_lines(r: TraceReplay, capacity: Any, problems: int, style: Style, rate
     return lines + capacity_lines(capacity, style)
 
 
-def trace_dict(r: TraceReplay, capacity: Any, problems: int, rate: float | None = None) -> dict[str, Any]:
+def trace_dict(r: TraceReplay, capacity: Any, problems: int, rate: float | None = None,
+               source: str = "") -> dict[str, Any]:
     p = r.profile
     saved = r.cached_tokens if capacity.bounded is None else capacity.bounded.cached_tokens
     return {
@@ -157,7 +176,7 @@ def trace_dict(r: TraceReplay, capacity: Any, problems: int, rate: float | None 
                     "relative_input_cost": r.cost.relative if r.cost is not None else None},
         "capacity": capacity_dict(capacity),
         "input_problems": problems,
-        "worth": {"prefill_tok_s": rate, "saved_tokens": saved, "time_model": TIME_MODEL if rate else None,
+        "worth": {"prefill_tok_s": rate, "rate_source": source or None, "saved_tokens": saved, "time_model": TIME_MODEL if rate else None,
                   "prefill_s_uncached": r.tokens / rate if rate else None,
                   "prefill_s_cached": (r.tokens - saved) / rate if rate else None},
     }  # fmt: skip

@@ -1,16 +1,18 @@
-"""What the cache is worth: prefill tokens and time saved (--prefill-tok-s), dollars at the price
+"""What the cache is worth: prefill tokens and time saved (--prefill-tok-s, else the rate
+`kvcli bench --calibrate` stored for --model, CPU and dtype), dollars at the price
 table (providers), and why the rest is computed: not shared, too short (a shared prefix below one
 block), or the shared tail past a prompt's last full shared block."""
 
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvcli.audit.counting import HitCounter
 from kvcli.audit.records import PromptResult, RenderedPrompt
 from kvcli.audit.style import Style, plural
+from kvcli.calibration import Calibration
 from kvcli.numbers import percent
 
 TIME_MODEL = ("prefill time taken as linear in the tokens computed, at the rate given; attention's "
@@ -47,6 +49,9 @@ class Worth:
     rate: float | None  # --prefill-tok-s
     shares: ShareCounter | None
     hits: HitCounter | None = None  # its Cost, for providers
+    calibration: Calibration | None = None  # the stored rate `rate` came from (no --prefill-tok-s)
+    model: str | None = None  # --model, for the calibration hint
+    dtype: str = "float32"
 
     def seconds(self, tokens: int) -> float | None:
         return tokens / self.rate if self.rate else None
@@ -62,8 +67,9 @@ def worth_lines(w: Worth, style: Style) -> list[str]:
         if t_all is not None and t_with is not None:
             saved += f"; ≈ {t_all:,.1f} s of prefill without a cache, {t_with:,.1f} s with it, {t_all - t_with:,.1f} s saved"
         lines.append(f"  {label}: {saved}")
-    if w.rate:
-        lines.append(style(f"  an estimate at --prefill-tok-s {w.rate:,g}: {TIME_MODEL}", "dim"))
+    note = rate_sentence(w)
+    if note is not None:
+        lines.append(style(f"  {note}", "dim"))
     cost = w.hits.cost if w.hits is not None else None
     if cost is not None:
         lines.append(f"  {dollars_sentence(cost)}")
@@ -83,12 +89,30 @@ def worth_lines(w: Worth, style: Style) -> list[str]:
     return lines
 
 
+def rate_sentence(w: Worth) -> str | None:
+    """Where the prefill rate comes from, or how to get one (engines: a provider's is not ours)."""
+    c = w.calibration
+    if c is not None:
+        load = f" at load {c.load_avg[0]:g}" if c.load_avg else ""
+        return (f"an estimate, calibrated on {c.date} {c.cpu} ({c.prefill_tok_s:,g} prefill tokens/s{load}, "
+                f"dtype {c.dtype}, kvcli bench --calibrate; --prefill-tok-s overrides): {TIME_MODEL}")
+    if w.rate:
+        return f"an estimate at --prefill-tok-s {w.rate:,g}: {TIME_MODEL}"
+    if w.hits is not None and w.hits.cost is not None:
+        return None
+    model = w.model or "MODEL"
+    dtype = f" --dtype {w.dtype}" if w.dtype != "float32" else ""
+    return (f"no prefill time: give --prefill-tok-s RATE, or calibrate this machine once with "
+            f"`kvcli bench --calibrate --model {model} --dtype {w.dtype}` (then `kvcli audit --model {model}{dtype}` "
+            "uses the stored rate)")
+
+
 def unread_writes(w: Worth) -> dict[str, Any] | None:
-    """Anthropic profile: breakpoint writes that were never read."""
-    if w.hits is None or w.hits.profile.hit_model != "breakpoints":
+    """Anthropic, and OpenAI's breakpoint models: breakpoint writes that were never read."""
+    if w.hits is None or not (w.hits.profile.hit_model == "breakpoints" or w.hits.profile.breakpoint_models):
         return None
     unread = list(w.hits.breakpoints.unread.values())
-    return {"writes": len(unread), "tokens": sum(t for t, _ in unread), "first": [where for _, where in unread[:3]]}
+    return {"writes": len(unread), "tokens": sum(u[0] for u in unread), "first": [u[1] for u in unread[:3]]}
 
 
 def dollars_sentence(cost: Any) -> str:
@@ -108,6 +132,9 @@ def worth_dict(w: Worth) -> dict[str, Any]:
     out: dict[str, Any] = {
         "tokens": w.tokens, "saved_tokens": w.cached, "bounded_saved_tokens": w.bounded,
         "prefill_tok_s": w.rate, "time_model": TIME_MODEL if w.rate else None,
+        "rate_source": "calibration" if w.calibration else "--prefill-tok-s" if w.rate else None,
+        "calibration": None if w.calibration is None else asdict(w.calibration),
+        "rate_note": rate_sentence(w),
         "prefill_s_uncached": w.seconds(w.tokens), "prefill_s_cached": w.seconds(w.tokens - w.cached),
         "prefill_s_bounded": w.seconds(w.tokens - w.bounded) if w.bounded is not None else None,
         "usd": None if cost is None else {"uncached": cost.usd_uncached, "cached": cost.usd_cached,

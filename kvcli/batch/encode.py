@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.batch.records import LineError, LineRequest, PromptSpec, clip
-from kvcli.reasoning import END, ReasoningParser
+from kvcli.reasoning import END, START, ReasoningParser
 
 
 @dataclass(slots=True)
@@ -41,7 +41,12 @@ class PromptEncoder:
         _check_constraint(req, text, self.tokenizer)
         return self._ids(spec, text)
 
-    def _ids(self, spec: PromptSpec, text: str | None) -> list[int]:
+    def encode_input(self, spec: PromptSpec) -> list[int]:
+        """An embedding input: text with the tokenizer's special tokens, no template; it adds
+        no token, so it may fill the whole context."""
+        return self._ids(spec, None, room=0)
+
+    def _ids(self, spec: PromptSpec, text: str | None, room: int = 1) -> list[int]:
         if spec.token_ids is not None:
             ids = spec.token_ids
             bad = next((i for i, t in enumerate(ids) if t >= self.vocab_size), None)
@@ -54,10 +59,10 @@ class PromptEncoder:
             ids = self.tokenizer.encode(spec.text, add_special_tokens=True)
         if not ids:
             raise LineError(spec.source, "encodes to no tokens")
-        if len(ids) >= self.max_model_len:
+        if len(ids) + room > self.max_model_len:
+            need = " (prompt plus at least one new token)" if room else ""
             raise LineError(spec.source, f"{len(ids)} tokens do not fit the model's context of "
-                            f"{self.max_model_len} tokens (prompt plus at least one new token)",
-                            "context_length_exceeded")
+                            f"{self.max_model_len} tokens{need}", "context_length_exceeded")
         return list(ids)
 
     def _render_chat(self, spec: PromptSpec, line_no: int) -> str:
@@ -80,17 +85,25 @@ def _check_constraint(req: LineRequest, text: str, tokenizer: Any) -> None:
     """A grammar must not constrain the reasoning. A reply that starts inside it (the prompt
     opens ``<think>``) gets its grammar after ``</think>``, as vLLM's reasoning + structured
     outputs; one that starts closed needs nothing. Where the model may or may not open a
-    block itself (Qwen3's own template), the line is refused rather than answered wrongly."""
+    block itself (Qwen3's own template), its first token may be the grammar's or ``<think>``,
+    and which one it picks decides: that needs ``<think>`` to be one token that the reply's
+    text shows (else the line is refused rather than answered wrongly)."""
     constraint = req.params.structured_outputs
     if constraint is None or text.rstrip().endswith(END):
         return
+    req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
     if req.reasoning_inside:
-        req.params.structured_after = tokenizer.encode(END, add_special_tokens=False)
+        return
+    opener = tokenizer.encode(START, add_special_tokens=False)
+    if len(opener) == 1 and tokenizer.decode(opener) == START:
+        req.params.structured_opener = opener[0]
         return
     path = (constraint.path or f"{req.field_prefix}structured_outputs").split(".")
     name = ".".join(path[:2] if req.field_prefix else path[:1])
-    raise LineError(name, "structured outputs and tool calls cannot yet follow a reasoning block "
-                    "the model may or may not open itself (--reasoning-parser "
-                    f"{req.reasoning.name}); turn thinking off for the line (e.g. "
-                    '"chat_template_kwargs": {"enable_thinking": false}) or run with '
+    why = (f"{len(opener)} tokens here" if len(opener) != 1
+           else f"shown as {tokenizer.decode(opener)!r}")
+    raise LineError(name, "a grammar after a reasoning block the model may or may not open "
+                    f"(--reasoning-parser {req.reasoning.name}) needs {START} as one token its "
+                    f"text shows ({why}); turn thinking off for the line "
+                    '("chat_template_kwargs": {"enable_thinking": false}) or run with '
                     "--reasoning-parser none")

@@ -103,16 +103,26 @@ class BatchJob:
     def run(self, stop: StopSignal | None = None) -> JobOutcome:
         """``stop``: what asks the job to stop (default: SIGINT / SIGTERM; kvcli serve passes
         its own, truthy once a batch is cancelled or expires or the server shuts down)."""
-        with stop if stop is not None else StopSignal() as stop:
-            try:
-                self._loop(stop)
-            except OutputError as err:
-                return self._stopped_by_output_error(err.os_error)
-            except InputError as err:
-                self.reporter.error(f"kvcli generate: {err}")
-                return self._outcome(EXIT_USAGE, "input error")
-            if stop:
-                return self._outcome(stop.exit_code, stop.name)
+        try:
+            with stop if stop is not None else StopSignal() as stop:
+                outcome = self._run_loop(stop)
+        finally:
+            # The writer holds this job's callback: without the cycle the job, and the engine
+            # (weights, KV pool) it holds, are freed as soon as an in-process caller (LLM
+            # users, kvcli serve, the tests) drops them, not at some later cyclic collection.
+            self.writer.on_written = None
+        return outcome
+
+    def _run_loop(self, stop: StopSignal) -> JobOutcome:
+        try:
+            self._loop(stop)
+        except OutputError as err:
+            return self._stopped_by_output_error(err.os_error)
+        except InputError as err:
+            self.reporter.error(f"kvcli generate: {err}")
+            return self._outcome(EXIT_USAGE, "input error")
+        if stop:
+            return self._outcome(stop.exit_code, stop.name)
         if self._failed_fast:
             return self._outcome(EXIT_FAILED, "fail-fast")
         self._warn_once_per_run()
@@ -179,10 +189,28 @@ class BatchJob:
         if parsed.other_model is not None:
             self._other_model_lines += 1
             self._other_model = self._other_model or (line_no, parsed.other_model)
+        if parsed.embed is not None:
+            self._admit_embedding(seq, parsed)
+            return
         ids = self.encoder.encode_line(parsed, line_no)
         self._fit_max_tokens(parsed.params, len(ids))
         self.engine.add_request(str(seq), ids, parsed.params, parsed.cache_salt)
         parsed.prompt.text = parsed.prompt.messages = parsed.prompt.token_ids = None  # free it
+        self._pending[str(seq)] = (seq, parsed)
+
+    def _admit_embedding(self, seq: int, parsed: LineRequest) -> None:
+        """Every input of the line as one engine request (engine/pooling.py)."""
+        embed = parsed.embed
+        assert embed is not None
+        spec = getattr(self.engine, "embedding", None)
+        if spec is None or not hasattr(self.engine, "add_embedding_request"):
+            raise LineError(f"{parsed.field_prefix}input", "embeddings are not supported by this "
+                            "engine (kvcli generate --ray runs chat and completions lines only)")
+        params = spec.params(embed.dimensions)  # ValueError("dimensions: ...") is the line's
+        inputs = [self.encoder.encode_input(p) for p in embed.inputs]
+        self.engine.add_embedding_request(str(seq), inputs, params, parsed.cache_salt)
+        embed.inputs = []
+        parsed.prompt.text = parsed.prompt.token_ids = None  # free them
         self._pending[str(seq)] = (seq, parsed)
 
     def _forget(self, engine_id: str) -> None:

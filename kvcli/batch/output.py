@@ -73,8 +73,16 @@ class ResultFormatter:
     def success(self, req: LineRequest, out: RequestOutput) -> bytes:
         if req.style is Style.PLAIN:
             return dumps_line(self._plain(req, out))
-        body = self._responses(req, out) if req.style is Style.RESPONSES \
-            else self._openai_body(req, out)
+        if req.embed is not None:
+            from kvcli.batch.embeddings_out import embedding_body
+
+            body = embedding_body(req, out, self.model_name, _disk_hits(out))
+            if req.style is Style.EMBED:
+                return dumps_line({**self._plain_ids(req.ident), **body})
+        elif req.style is Style.RESPONSES:
+            body = self._responses(req, out)
+        else:
+            body = self._openai_body(req, out)
         key = req.ident.key
         return dumps_line({
             "id": self._id("batch_req_", key, out), "custom_id": key,
@@ -90,7 +98,7 @@ class ResultFormatter:
         key = failed.ident.key
         if failed.style is None:
             return dumps_line({"id": key, "custom_id": key, "response": None, "error": error})
-        if failed.style is Style.PLAIN:
+        if failed.style.plain:
             return dumps_line({**self._plain_ids(failed.ident), "error": error})
         return dumps_line({"id": self._id("batch_req_", key), "custom_id": key,
                            "response": None, "error": error})

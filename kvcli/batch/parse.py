@@ -19,6 +19,7 @@ from kvcli.batch.guard import internal_failure
 from kvcli.batch.records import FailedLine, LineError, LineId, LineRequest, Style
 from kvcli.batch.source import DEFAULT_MAX_LINE_BYTES, RawLine
 from kvcli.inputs import Format, InputRequest, parse_request, type_name
+from kvcli.inputs.embeddings import EMBEDDINGS_URL
 from kvcli.inputs.errors import show_value
 from kvcli.inputs.fields import line_id
 from kvcli.inputs.openai import CHAT_URL, COMPLETIONS_URL, RESPONSES_URL
@@ -27,7 +28,8 @@ from kvcli.structured import line_constraint
 from kvcli.structured.tools import check_tool_choice, tool_constraint
 
 _STYLES = {Format.OPENAI_CHAT: Style.CHAT, Format.OPENAI_COMPLETION: Style.COMPLETION,
-           Format.OPENAI_RESPONSES: Style.RESPONSES}
+           Format.OPENAI_RESPONSES: Style.RESPONSES, Format.OPENAI_EMBEDDINGS: Style.EMBEDDINGS,
+           Format.EMBED: Style.EMBED}
 
 
 @dataclass(slots=True)
@@ -52,6 +54,10 @@ def parse_line(raw: RawLine, opts: ParseOptions) -> LineRequest | FailedLine:
         style = _style(req)
         _check_custom_id(req)
         other_model = _other_model(req, opts)
+        if req.embed is not None:  # no sampling, template, grammar or tools: inputs only
+            return LineRequest(ident, style, req.prompt, SamplingParams(), req.cache_salt,
+                               req.ignored, field_prefix=req.prefix, other_model=other_model,
+                               embed=req.embed)
         _check_supported(req)
         _constrain(req)
         tool_format = _tool_calls(req, obj, opts.tool_format)
@@ -81,8 +87,11 @@ def _decode(raw: RawLine, limit: int) -> dict[str, Any]:
 def _style_guess(obj: dict[str, Any]) -> Style:
     openai_line = "body" in obj or "url" in obj or "method" in obj
     url = obj.get("url")
-    return Style.COMPLETION if url == "/v1/completions" else Style.RESPONSES \
-        if url == "/v1/responses" else Style.CHAT if openai_line else Style.PLAIN
+    by_url = {COMPLETIONS_URL: Style.COMPLETION, RESPONSES_URL: Style.RESPONSES,
+              EMBEDDINGS_URL: Style.EMBEDDINGS}
+    if isinstance(url, str) and url in by_url:
+        return by_url[url]
+    return Style.CHAT if openai_line else Style.EMBED if obj.get("task") == "embed" else Style.PLAIN
 
 
 def _ident(obj: dict[str, Any], line_no: int) -> LineId:
@@ -91,7 +100,7 @@ def _ident(obj: dict[str, Any], line_no: int) -> LineId:
 
 
 #: The Batch API endpoints generate answers (all the shared request model reads).
-GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
+GENERATE_URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, EMBEDDINGS_URL)
 
 
 def _check_generate_url(obj: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvcli.inputs import LineError, clip
 from kvcli.inputs import Prompt as PromptSpec
+from kvcli.inputs.embeddings import EmbedRequest
 from kvcli.reasoning import ReasoningParser
 from kvcli.sampling_params import SamplingParams
 
@@ -27,6 +28,13 @@ class Style(enum.Enum):
     CHAT = "chat"  # OpenAI Batch line for /v1/chat/completions
     COMPLETION = "completion"  # OpenAI Batch line for /v1/completions
     RESPONSES = "responses"  # OpenAI Batch line for /v1/responses
+    EMBEDDINGS = "embeddings"  # OpenAI Batch line for /v1/embeddings
+    EMBED = "embed"  # plain {"input", "task": "embed"} -> {"id", ...CreateEmbeddingResponse}
+
+    @property
+    def plain(self) -> bool:
+        """Its result carries the line's own id, not a Batch envelope."""
+        return self in (Style.PLAIN, Style.EMBED)
 
 
 @dataclass(slots=True)
@@ -60,6 +68,7 @@ class LineRequest:
     reasoning: ReasoningParser | None = None  # chat replies are split into reasoning + answer
     reasoning_inside: bool = False  # the reply starts inside its reasoning (the prompt opens it)
     echo: dict[str, Any] = field(default_factory=dict)  # request fields a Response repeats
+    embed: EmbedRequest | None = None  # an embeddings line: its inputs, encoding, dimensions
 
 
 @dataclass(slots=True)

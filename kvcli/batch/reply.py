@@ -27,6 +27,9 @@ def read_reply(req: LineRequest, c: CompletionOutput,
                decode: Callable[[Sequence[int]], str]) -> Reply:
     if req.reasoning is None:
         return Reply(c.text)
+    opener = req.params.structured_opener
+    if opener is not None and c.token_ids[:1] != [opener]:
+        return Reply(c.text, parsed=True)  # the grammar had the first token: all answer
     split = req.reasoning.split(c.text, req.reasoning_inside)
     if split.reasoning is None:
         return Reply(split.content, parsed=True)

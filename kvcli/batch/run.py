@@ -134,6 +134,9 @@ def _run(cfg: GenerateConfig, engine_factory: EngineFactory) -> int:
             raise BatchUsageError(str(err)) from None
         except (OSError, ValueError) as err:
             raise BatchUsageError(f"cannot load model {cfg.engine.model!r}: {err}") from None
+        # The run owns its engine: its disk-cache writes are finished (and its writer thread,
+        # which holds the KV pool, ended) when the run ends, not only at interpreter exit.
+        stack.callback(getattr(engine, "close", lambda: None))
         return _run_job(cfg, engine, itertools.chain([first], lines), resume, lock,
                         files.where if files is not None else None)
 

@@ -40,12 +40,17 @@ class Tally:
     sequences: int = 0
     prefill_computed: int = 0
     prefill_skipped: int = 0
+    sequence_prompt_tokens: int = 0  # the prompt tokens its sequences prefill, all together
 
     @classmethod
     def of(cls, out: RequestOutput) -> Tally:
-        return cls(True, len(out.prompt_token_ids), out.num_cached_tokens,
+        prompt = len(out.prompt_token_ids)
+        if out.embeddings is not None:  # one sequence per input; prompt_token_ids holds them all
+            return cls(True, prompt, out.num_cached_tokens, 0, len(out.embeddings),
+                       out.prefill_computed, out.prefill_skipped, prompt)
+        return cls(True, prompt, out.num_cached_tokens,
                    sum(len(c.token_ids) for c in out.outputs), len(out.outputs),
-                   out.prefill_computed, out.prefill_skipped)
+                   out.prefill_computed, out.prefill_skipped, len(out.outputs) * prompt)
 
 
 FAILED = Tally(ok=False)
@@ -74,7 +79,7 @@ class RunCounters:
         self.cached_tokens += tally.cached_tokens
         self.generated_tokens += tally.generated_tokens
         self.sequences += tally.sequences
-        self.sequence_prompt_tokens += tally.sequences * tally.prompt_tokens
+        self.sequence_prompt_tokens += tally.sequence_prompt_tokens
         self.written_prefill += tally.prefill_computed + tally.prefill_skipped
 
     @property

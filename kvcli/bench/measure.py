@@ -17,6 +17,7 @@ from typing import Any
 # The peers' runners read the same counters in their own processes (peer_serve.py).
 from kvcli.bench.peer_serve import reset_peak
 from kvcli.bench.peer_serve import status_kib as _status_kib
+from kvcli.calibration import cpu_model  # one definition: the stored rates are keyed by it
 
 
 @dataclass(slots=True)
@@ -59,17 +60,6 @@ def load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo): matmul routing and kernel speed depend on it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_kind() -> str:

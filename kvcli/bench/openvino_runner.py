@@ -1,5 +1,8 @@
 """Run OpenVINO GenAI's continuous batching for `kvcli bench --compare openvino`, in its Python.
 
+`--compare openvino-default` runs the same with no precision property forced (OpenVINO's
+CPU defaults: bf16 inference where the CPU has it, a u8 KV cache) and reports what they are.
+
 Executed by the interpreter given by --openvino-python, so it imports only the standard
 library, openvino and openvino_genai (and peer_serve.py, which is standard library), never
 kvcli. Protocol, one JSON object per line (peer_serve.py runs the loop): the runner exports
@@ -32,6 +35,9 @@ F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32",
        "KEY_CACHE_PRECISION": "f32", "VALUE_CACHE_PRECISION": "f32",
        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 LOAD_BLOCKS = 64  # the KV cache of the pipeline built at load, before any workload is known
+# What `--compare openvino-default` (args "precision": "default") reports it ran at: the CPU
+# plugin's own values, read back since nothing is forced there.
+REPORTED = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
 
 
 def export_ir(model_dir: str, ir_dir: Path) -> float:
@@ -60,7 +66,8 @@ class Peer:
     def __init__(self, args: dict[str, Any]) -> None:
         self.ir_dir = str(args["ir_dir"])
         self.max_num_batched_tokens = int(args["max_num_batched_tokens"])
-        self.properties = {**F32, "INFERENCE_NUM_THREADS": int(args["threads"])}
+        forced = F32 if args.get("precision", "f32") == "f32" else {}  # default: as it ships
+        self.properties = {**forced, "INFERENCE_NUM_THREADS": int(args["threads"])}
         self.pipe: Any = None
 
     def build(self, num_kv_blocks: int, warm_token: int) -> None:
@@ -117,7 +124,17 @@ def load(args: dict[str, Any]) -> tuple[Peer, dict[str, Any]]:
     peer = Peer(args)
     peer.build(LOAD_BLOCKS, 0)
     version = str(getattr(ov_genai, "__version__", "unknown"))
-    return peer, {"version": version, "export_s": round(export_s, 2)}
+    return peer, {"version": version, "export_s": round(export_s, 2),
+                  "precision": precision_of(peer.properties)}
+
+
+def precision_of(properties: dict[str, Any]) -> dict[str, str]:
+    """The precision properties the pipeline runs with: those forced, else the plugin's."""
+    import openvino as ov
+
+    core = ov.Core()
+    return {key: str(properties[key] if key in properties else core.get_property("CPU", key))
+            for key in REPORTED}
 
 
 def handle(peer: Peer, request: dict[str, Any]) -> dict[str, Any]:

@@ -55,6 +55,8 @@ class OpenVinoSystem:
     export_s: float = 0.0
     version: str = ""
     reset_s: float = 0.0  # the last before_run's pipeline rebuild, untimed
+    defaults: bool = False  # openvino-default: no precision forced (else float32 everywhere)
+    properties: dict = field(default_factory=dict)  # the precision it reported running at
     _peer: PeerProcess | None = field(default=None, init=False)
 
     @property
@@ -69,11 +71,30 @@ class OpenVinoSystem:
         self._peer = PeerProcess(OPENVINO, Path(self.python), RUNNER, "--openvino-python",
                                  "openvino_genai", INSTALL_HINT, OpenVinoUnavailable)
         args = {"model": str(self.model_dir), "ir_dir": str(self.ir_dir),
-                "max_num_batched_tokens": self.max_num_batched_tokens, "threads": self.threads}
+                "max_num_batched_tokens": self.max_num_batched_tokens, "threads": self.threads,
+                "precision": "default" if self.defaults else "f32"}
         ready = self._peer.start(args, peer_env({}))
+        self.properties = dict(ready.get("precision") or {})
         self.load_s, self.version = float(ready["load_s"]), str(ready.get("version", ""))
         self.export_s = float(ready.get("export_s", 0.0))
         return self
+
+    @property
+    def exact(self) -> bool:
+        """float32 forced: greedy outputs are float32's; at its defaults they are measured."""
+        return not self.defaults
+
+    @property
+    def precision(self) -> str:
+        """The report row's precision, from what the runner read back."""
+        props = self.properties
+        text = (f"inference {props.get('INFERENCE_PRECISION_HINT', '?')}, KV "
+                f"{props.get('KV_CACHE_PRECISION', '?')}")
+        return text + (" (its defaults)" if self.defaults else " (forced)")
+
+    @property
+    def weights_kind(self) -> str:
+        return "defaults" if self.defaults else "float32"
 
     def _request(self, message: dict) -> dict:
         if self._peer is None:

@@ -7,6 +7,7 @@ from typing import Any
 
 COLUMNS = (
     ("system", "name", "{}"),
+    ("weights", "weights", "{}"),
     ("wall s", "wall_s", "{:.2f}"),
     ("median s", "wall_s_median", "{:.2f}"),
     ("prompt tok", "prompt_tokens", "{}"),
@@ -36,13 +37,13 @@ def _match_cell(entry: dict[str, Any], reference: bool) -> str:
     if reference:
         return "reference"
     cell = f"{entry['outputs_matching']}/{entry['outputs_total']}"
-    return cell if entry.get("exact", True) else f"{cell} (quantized)"
+    return cell if entry.get("exact", True) else f"{cell} ({entry.get('weights', 'quantized')})"
 
 
-def _agreement_line(entry: dict[str, Any]) -> str:
-    """A quantized system's greedy agreement with the float32 reference."""
+def _agreement_line(entry: dict[str, Any], reference: dict[str, Any]) -> str:
+    """An inexact system's (quantized, bfloat16) greedy agreement with kvcli's row."""
     agree = entry["agreement"]
-    line = (f"{entry['name']} greedy agreement with kvcli float32: "
+    line = (f"{entry['name']} greedy agreement with kvcli {reference.get('weights', 'float32')}: "
             f"{agree['identical_share']:.1%} identical outputs")
     if agree["mean_first_divergence"] is not None:
         line += (f", the {agree['diverged']} others first differ at token "
@@ -64,7 +65,8 @@ def format_table(doc: dict[str, Any]) -> str:
             f"tokens each; model {doc['model']}; best of {doc['repeat']}")
     foot = [f"kvcli speedup over {peer}: {ratio:.2f}x (median runs {doc['speedup_median'][peer]:.2f}x)"
             for peer, ratio in doc["speedup"].items()]
-    foot += [_agreement_line(e) for e in doc["systems"] if not e.get("exact", True)]
+    foot += [_agreement_line(e, doc["systems"][0]) for e in doc["systems"][1:]
+             if not e.get("exact", True)]
     kind = f" ({machine['cpu_kind']})" if machine.get("cpu_kind") else ""
     foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
                 f"{machine['cpu_count']} CPUs, {machine['threads']} torch threads, "

@@ -82,8 +82,11 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
             progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
     reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
     exact = {s.name: getattr(s, "exact", True) for s in systems}
-    entries = [system_entry(name, timed, workload, reference, exact[name])
-               for name, timed in runs.items()]
+    # Each row's precision: kvcli's from its engine, the peers' as they are run (float32).
+    precision = {s.name: {"precision": getattr(s, "precision", "float32"),
+                          "weights": getattr(s, "weights_kind", "float32")} for s in systems}
+    entries = [{**system_entry(name, timed, workload, reference, exact[name]),
+                **precision[name]} for name, timed in runs.items()]
     best = {name: min(t.wall_s for t in timed) for name, timed in runs.items()}
     median = {name: statistics.median(t.wall_s for t in timed) for name, timed in runs.items()}
     peers = [s.name for s in systems[1:]]

@@ -14,10 +14,13 @@ _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
+# kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
+PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
 # kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
 KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", "openvino", *QUANTIZED,
-         *KV_DTYPES)
+OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
+PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
+         *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
 
 
@@ -39,6 +42,8 @@ class BenchConfig:
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
+    precision: str = _ENGINE.precision  # kvcli's own row (the reference): --precision, --dtype
+    dtype: str | None = _ENGINE.dtype
 
 
 def parse_compare(value: str) -> list[str]:
@@ -66,18 +71,16 @@ def expand_workloads(names: list[str]) -> list[str]:
 
 def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> list[Any]:
     from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
-    from kvcli.bench.systems import KvcliSystem
 
     progress(f"loading kvcli engine ({model_dir})")
-    kvcli = KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens,
-                             kv_cache_dtype=cfg.kv_cache_dtype)
+    kvcli = _load_kvcli(str(model_dir), cfg, None, cfg.precision, cfg.dtype)
     systems: list[Any] = [kvcli]
     for name in cfg.compare:
         progress(f"loading {name}")
         if name == "vllm":
             systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
-        elif name == "openvino":
-            systems.append(start_openvino(model_dir, cfg, progress))
+        elif name in OPENVINO_PEERS:
+            systems.append(start_openvino(model_dir, cfg, progress, name))
         elif name == "hf-generate":
             systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
         elif name == "hf-generate-batch":
@@ -85,12 +88,27 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
                                                  cfg.max_num_batched_tokens))
         elif name in QUANTIZED:
             systems.append(load_quantized(name, model_dir, cfg))
+        elif name in PRECISION_PEERS:
+            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name]))
         elif name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
-            systems.append(KvcliSystem.load(str(model_dir), cfg.max_num_batched_tokens, name=name,
-                                            kv_cache_dtype=KV_DTYPES[name]))
+            systems.append(_load_kvcli(str(model_dir), cfg, name, "exact", None, KV_DTYPES[name]))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
+
+
+def _load_kvcli(model_dir: str, cfg: BenchConfig, name: str | None, precision: str,
+                dtype: str | None, kv_cache_dtype: str | None = None) -> Any:
+    """kvcli's engine at ``precision`` / ``dtype`` / ``kv_cache_dtype`` (default the bench's
+    --kv-cache-dtype; ``name`` None: kvcli's own row)."""
+    from kvcli.bench.systems import KVCLI, KvcliSystem
+
+    try:
+        return KvcliSystem.load(model_dir, cfg.max_num_batched_tokens, None, name or KVCLI,
+                                precision, dtype, kv_cache_dtype or cfg.kv_cache_dtype)
+    except ValueError as err:  # PrecisionError: e.g. bfloat16 on a CPU without it
+        flag = f"--compare {name}" if name else "--precision / --dtype / --kv-cache-dtype"
+        raise BenchConfigError(f"{flag}: {err}") from None
 
 
 def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:
@@ -120,19 +138,21 @@ def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
     return system
 
 
-def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> Any:
+def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None],
+                   name: str = "openvino") -> Any:
     import torch
 
     from kvcli.bench.openvino_system import OpenVinoSystem
 
     assert cfg.openvino_python is not None  # checked by the command before any loading
     system = OpenVinoSystem(cfg.openvino_python, model_dir, cfg.max_num_batched_tokens,
-                            cfg.threads or torch.get_num_threads())
+                            cfg.threads or torch.get_num_threads(), name=name,
+                            defaults=name == "openvino-default")
     if system.needs_export:
         progress(f"  exporting the model to OpenVINO IR in {system.ir_dir} (once, about a "
                  "minute; not timed)")
     system.start()
-    progress(f"  openvino {system.version} loaded in {system.load_s:.1f} s")
+    progress(f"  {name} {system.version} loaded in {system.load_s:.1f} s ({system.precision})")
     return system
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from kvcli.commands.options import engine_options
 
@@ -28,16 +30,24 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
 
 
 @click.command()
-@click.option("--workload", "workloads", multiple=True, required=True,
+@click.option("--workload", "workloads", multiple=True,
               type=click.Choice(WORKLOAD_CHOICES),
-              help="Workload to run (repeatable; 'all' runs every one).")
-@engine_options("model")
+              help="Workload to run (repeatable; 'all' runs every one). Required unless --calibrate.")
+@click.option("--calibrate", is_flag=True,
+              help="Measure this machine's prefill and decode rate for --model and --dtype and store "
+                   "it (under $KVCLI_HOME/calibration): `kvcli audit --model` then states time saved.")
+@engine_options("model", "dtype",
+                notes={"dtype": "For kvcli's own row (the reference; --compare kvcli-bf16 is a "
+                                "row of its own) and the dtype --calibrate measures "
+                                "(default float32)."})
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino, kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
-                   "kvcli-int8kv, kvcli-bf16kv (kvcli with an int8 / bfloat16 KV cache): the "
-                   "quantized ones' greedy agreement with float32 is reported ('none' for kvcli "
-                   "alone).")
+                   "vllm, openvino (float32 forced), openvino-default (its own precision "
+                   "defaults), kvcli-gguf, kvcli-int8 (kvcli on quantized weights), "
+                   "kvcli-bf16, kvcli-fast (kvcli at --dtype bfloat16 / --precision fast), "
+                   "kvcli-int8kv, kvcli-bf16kv (kvcli with an int8 / bfloat16 KV cache): "
+                   "the inexact ones' greedy agreement with kvcli is reported ('none' for "
+                   "kvcli alone).")
 @click.option("--vllm-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_VLLM_PYTHON",
               help="--compare vllm: the python of a venv with vLLM's CPU backend "
@@ -62,17 +72,22 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@engine_options("max_num_batched_tokens", "kv_cache_dtype",
+@engine_options("max_num_batched_tokens", "precision", "kv_cache_dtype",
                 notes={"max_num_batched_tokens": "Also hf-generate-batch's.",
-                       "kv_cache_dtype": "kvcli's, the reference's (--compare kvcli-int8kv runs "
-                                         "int8 beside it in the same run)."})
+                       "precision": "For kvcli's own row, the reference the others are "
+                                    "compared with; --compare kvcli-fast measures fast against "
+                                    "kvcli's float32 in the same run instead.",
+                       "kv_cache_dtype": "For kvcli's own row too (--compare kvcli-int8kv, "
+                                         "kvcli-bf16kv run those beside it in the same run)."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a bar chart of output tokens/s (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
-          plot_path: Path | None, quiet: bool, no_warmup: bool, **opts: Any) -> None:
+@click.pass_context
+def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as_json: bool,
+          plot_path: Path | None, quiet: bool, no_warmup: bool, calibrate: bool, dtype: str | None,
+          **opts: Any) -> None:
     """Time kvcli and its peers on the same prompts (same token ids), greedy, EOS ignored.
 
     \b
@@ -83,8 +98,17 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
       decode-1       one short prompt, 128 new
     Progress goes to stderr; the table (or --json) to stdout. Exit status: 0 ok,
     1 a system failed, 2 bad usage.
+
+    --calibrate measures kvcli alone (prefill and decode tokens/s, no prefix cache) once per
+    model, CPU and dtype, and stores it for `kvcli audit`.
     """
     from kvcli.bench.suite import BenchConfig, expand_workloads
+
+    if calibrate:
+        _calibrate(ctx, workloads, dtype or "float32", as_json, quiet, opts)
+        return
+    if not workloads:
+        raise click.UsageError("give --workload NAME (or --calibrate)")
 
     if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.UsageError("--plot needs matplotlib: pip install 'kvcli[bench]' "
@@ -93,14 +117,49 @@ def bench(workloads: tuple[str, ...], compare: list[str], as_json: bool,
         from kvcli.bench.vllm_system import INSTALL_HINT
 
         raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
-    if "openvino" in compare and opts.get("openvino_python") is None:
+    if {"openvino", "openvino-default"} & set(compare) and opts.get("openvino_python") is None:
         from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
 
         raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
     cfg = BenchConfig(workloads=expand_workloads(list(workloads)), compare=compare,
-                      warmup=not no_warmup, **opts)
+                      warmup=not no_warmup, dtype=dtype, **opts)
     report = _run(cfg, quiet)
     _emit(report, as_json, plot_path)
+
+
+# Options --calibrate reads; any other given with it is an error, never silently ignored.
+CALIBRATE_READS = {"model", "threads", "num_prompts", "max_tokens", "seed", "scale"}
+
+
+def _calibrate(ctx: click.Context, workloads: tuple[str, ...], dtype: str, as_json: bool, quiet: bool,
+               opts: dict[str, Any]) -> None:
+    from kvcli.bench.calibrate import PROMPT_TOKENS, CalibrateConfig, calibrate
+    from kvcli.calibration import save_calibration
+    from kvcli.checkpoint.resolve import ModelResolveError
+
+    given = {p.name for p in ctx.command.params
+             if p.name and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE}
+    extra = sorted(given - CALIBRATE_READS - {"calibrate", "dtype", "as_json", "quiet"})
+    if workloads or extra:
+        names = ", ".join("--" + n.replace("_", "-") for n in (["workload"] if workloads else []) + extra)
+        raise click.UsageError(f"--calibrate measures kvcli alone: {names} not read with it")
+    cfg = CalibrateConfig(model=opts["model"], dtype=dtype, threads=opts["threads"], seed=opts["seed"],
+                          prompt_tokens=max(2, round(PROMPT_TOKENS * opts["scale"])))
+    if opts["num_prompts"]:
+        cfg.prompts = opts["num_prompts"]
+    if opts["max_tokens"]:
+        cfg.decode_tokens = opts["max_tokens"]
+    try:
+        cal = calibrate(cfg, lambda m: None if quiet else click.echo(m, err=True))
+    except (ModelResolveError, ValueError) as err:
+        raise click.UsageError(str(err)) from None
+    path = save_calibration(cal)
+    if as_json:
+        click.echo(json.dumps({**asdict(cal), "path": str(path)}, indent=2))
+        return
+    click.echo(f"{Path(cal.model).name} ({cal.dtype}) on {cal.cpu}: prefill {cal.prefill_tok_s:,.1f} tokens/s "
+               f"({cfg.prompts} prompts of {cal.prompt_tokens} tokens), decode {cal.decode_tok_s:,.2f} tokens/s; "
+               f"stored in {path}")
 
 
 def _run(cfg: Any, quiet: bool) -> dict[str, Any]:

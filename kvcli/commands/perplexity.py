@@ -19,7 +19,7 @@ from kvcli.commands.options import engine_config, engine_options
 @engine_options("model", "quantization")
 @click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,
               help="Tokens per window; the second half of each window is scored.")
-@engine_options("max_num_batched_tokens", "dtype", "kv_cache_dtype", "device")
+@engine_options("max_num_batched_tokens", "precision", "dtype", "kv_cache_dtype", "device")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     """Perplexity of a model on the UTF-8 text in FILE.
@@ -38,11 +38,11 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.UsageError(str(err)) from None
     try:
-        result = _measure(text, opts)
+        result, precision = _measure(text, opts)
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
     doc = {"file": text_file, "model": opts["model"],
-           "quantization": opts["quantization"] or "none",
+           "quantization": opts["quantization"] or "none", "precision": precision,
            "kv_cache_dtype": opts["kv_cache_dtype"], **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -51,10 +51,11 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
                f"{doc['context']}, {doc['tokens_scored']} scored in {doc['seconds']:.1f} s")
     click.echo(f"PPL = {doc['ppl']:.4f} +/- {doc['ppl_error']:.5f}  "
                f"(model {doc['model']}, quantization {doc['quantization']}, "
-               f"KV cache {doc['kv_cache_dtype']})")
+               f"{doc['precision']}, KV cache {doc['kv_cache_dtype']})")
 
 
-def _measure(text: str, opts: dict[str, Any]) -> Any:
+def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str]:
+    """The perplexity and the precision the engine ran at (Backend.precision_label)."""
     from kvcli.bench.perplexity import perplexity
     from kvcli.engine.llm_engine import LLMEngine
 
@@ -62,4 +63,4 @@ def _measure(text: str, opts: dict[str, Any]) -> Any:
         engine = LLMEngine.from_config(engine_config(opts))
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
         raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
-    return perplexity(engine, text, opts["context"])
+    return perplexity(engine, text, opts["context"]), engine.runner.backend.precision_label

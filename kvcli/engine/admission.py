@@ -35,3 +35,20 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
     if need > num_blocks:
         raise ValueError(f"prompt: needs {need} KV blocks but the pool has {num_blocks} "
                          "(raise --num-blocks / --kv-cache-memory or lower max_tokens)")
+
+
+def check_embedding_prompt(ids: list[int], max_model_len: int, vocab_size: int, num_blocks: int,
+                           block_size: int, name: str = "input") -> None:
+    """An embedding input computes no new token: it may fill the whole context."""
+    if not ids:
+        raise ValueError(f"{name}: empty input")
+    if len(ids) > max_model_len:
+        raise ValueError(f"{name}: {plural(len(ids), 'token')}, the model's context is "
+                         f"{max_model_len}")
+    bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"{name}: token id {bad!r} outside [0, {vocab_size})")
+    need = -(-len(ids) // block_size)
+    if need > num_blocks:
+        raise ValueError(f"{name}: needs {need} KV blocks but the pool has {num_blocks} "
+                         "(raise --num-blocks / --kv-cache-memory)")

@@ -21,7 +21,9 @@ from kvcli.paths import DEFAULT_MODEL_NAME
 DEFAULT_KV_CACHE_MEMORY = 1 << 30  # 1 GiB
 MAX_DEFAULT_BLOCKS = 32768
 DTYPES = ("float32", "bfloat16", "float16")
-# auto: the model's --dtype; int8: kvcli/model/attention/native_int8.py (names: kv_cache.py)
+DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fast here
+PRECISIONS = ("exact", "fast")
+# auto: what the model computes in; int8: kvcli/model/attention/native_int8.py (kv_cache.py)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 QUANTIZATIONS = ("int8", "gguf")
 SCHEDULINGS = ("fcfs", "cache-aware")
@@ -75,14 +77,26 @@ class EngineConfig:
     scheduling: str = option("fcfs", choices=SCHEDULINGS,
                              help="cache-aware admits requests sharing a prefix together.")
     device: str = option("cpu")
-    dtype: str = option("float32", choices=DTYPES)
-    kv_cache_dtype: str = option(  # the KV pool's element type; auto: --dtype (today's, exact)
+    precision: str = option(
+        "exact", choices=PRECISIONS,
+        help="exact: float32, greedy outputs equal transformers'; fast: the fastest measured "
+             "combination on this CPU (bfloat16 weights where it has AMX-BF16 or AVX512_BF16, "
+             "else float32; with --quantization its weights); --stats names the choice "
+             "(kvcli/model/precision.py).")
+    dtype: str | None = option(  # None: the precision's choice (exact: float32)
+        None, choices=DTYPE_CHOICES,
+        help="The matmul weights' dtype; on the CPU activations, norms, softmax, sampling and "
+             "the KV cache stay float32. Refused where the CPU has no native bfloat16 / "
+             "float16; auto: the checkpoint's where fast here. Overrides --precision's choice. "
+             "Default: --precision's (exact: float32).")
+    kv_cache_dtype: str = option(  # the KV pool's element type; auto: the computing dtype (exact)
         "auto", choices=KV_CACHE_DTYPES,
-        help="The KV cache's element type: auto = --dtype (exact); int8 = per token and KV head "
-             "uint8 codes with a float32 scale and zero point, read in place by the native CPU "
-             "kernels (~3.6x the tokens in --kv-cache-memory, a decode attention kernel ~2x "
-             "faster; outputs close to, not equal to, float32's); bfloat16 = half the bytes, "
-             "the same kernels. Both need --dtype float32 and the native kernels.")
+        help="The KV cache's element type: auto = what the model computes in (float32 on the "
+             "CPU; exact); int8 = per token and KV head uint8 codes with a float32 scale and "
+             "zero point, read in place by the native CPU kernels (~3.6x the tokens in "
+             "--kv-cache-memory, a decode attention kernel ~2x faster; outputs close to, not "
+             "equal to, float32's); bfloat16 = half the bytes, the same kernels. Both need the "
+             "native kernels and a float32-computing model.")
     allow_pickle: bool = option(
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     quantization: str | None = option(  # weights of kvcli/model/quant; None: float

@@ -148,5 +148,20 @@ def disk_tier_for(config: Any, model: Any, model_dir: Path | None, kv: torch.Ten
         raise ValueError("kv_cache_dir: needs the model directory (to fingerprint weights)")
     return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, model,
                           Path(model_dir), kv, config.block_size,
-                          config.model or str(model_dir), config.quantization,
-                          config.kv_cache_dir_insecure, config.dtype)
+                          config.model or str(model_dir), weights_form(config, model),
+                          config.kv_cache_dir_insecure,
+                          str(getattr(model, "compute_dtype", kv.dtype)).removeprefix("torch."))
+
+
+def weights_form(config: Any, model: Any) -> str | None:
+    """What the K/V depend on besides the checkpoint's bytes: the quantization, or float weights
+    stored narrower than float32 (--dtype bfloat16 on the CPU keeps a float32 KV cache whose
+    values differ from float32 weights'); None: float32 weights."""
+    if config.quantization:
+        return str(config.quantization)
+    platform = getattr(model, "platform", None)
+    weights = getattr(platform, "weights", torch.float32)
+    computed = getattr(model, "compute_dtype", getattr(platform, "kv_dtype", weights))
+    if weights == computed:  # the dtype keys it already
+        return None
+    return str(weights).removeprefix("torch.") + " weights"

@@ -1,4 +1,5 @@
-"""The library entry point: ``LLM(model).generate(prompts, params)`` like vLLM's offline API."""
+"""The library entry point: ``LLM(model).generate(prompts, params)`` and ``LLM(model).embed(texts)``
+like vLLM's offline API."""
 
 from __future__ import annotations
 
@@ -65,3 +66,23 @@ class LLM:
             for out in self.engine.step():
                 results[out.request_id] = out
         return [results[str(base + i)] for i in range(len(prompts))]
+
+    def embed(self, prompts: Sequence[Prompt], dimensions: int | None = None
+              ) -> list[list[float]]:
+        """One embedding per prompt (the model's pooling: kvcli/checkpoint/pooling.py), in input
+        order; ``dimensions`` where the model is Matryoshka. Raises ValueError for an input or
+        size the model cannot embed."""
+        params = self.engine.embedding.params(dimensions)
+        base = self.engine._arrivals
+        for i, prompt in enumerate(prompts):
+            ids, salt = self.encode(prompt)
+            self.engine.add_embedding_request(f"e{base + i}", [ids], params, cache_salt=salt)
+        results: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                results[out.request_id] = out
+        outs = [results[f"e{base + i}"] for i in range(len(prompts))]
+        failed = next((o for o in outs if o.error or o.embeddings is None), None)
+        if failed is not None:
+            raise ValueError(f"embedding failed: {failed.error}")
+        return [o.embeddings[0] for o in outs]

@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from kvcli.engine.admission import check_prompt
+from kvcli.checkpoint.pooling import EmbeddingSpec, PoolingParams, read_embedding_spec
+from kvcli.engine import pooling
+from kvcli.engine.admission import check_embedding_prompt, check_prompt
 from kvcli.engine.config import EngineConfig, budget_num_blocks
 from kvcli.engine.kv_cache import KVCacheManager
 from kvcli.engine.metrics import EngineMetrics
@@ -29,14 +31,39 @@ from kvcli.sampling_params import SamplingParams
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
 
+def _computed_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
+    """What the model computes in (float32 on the CPU whatever --dtype stores the weights in:
+    model/platform.py compute_dtype): the KV cache's dtype for --kv-cache-dtype auto."""
+    computed = getattr(model, "compute_dtype", None)
+    if computed is not None:
+        return computed
+    platform = getattr(model, "platform", None)
+    if platform is not None:
+        return platform.kv_dtype
+    return torch.float32 if config.dtype in (None, "auto") else getattr(torch, config.dtype)
+
+
+def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
+    """The pool's element type: --kv-cache-dtype (ValueError: one no kernel reads under this
+    model), auto = what the model computes in."""
+    from kvcli.model.attention import kv_storage_dtype
+
+    return kv_storage_dtype(config.kv_cache_dtype, _computed_dtype(model, config))
+
+
+def checkpoint_dtype(model_dir: Path) -> str | None:
+    """config.json's ``torch_dtype`` (or transformers' newer ``dtype``), for --dtype auto."""
+    from kvcli.checkpoint.config import load_config_json
+
+    raw = load_config_json(Path(model_dir) / "config.json")
+    value = raw.get("torch_dtype", raw.get("dtype"))
+    return value if isinstance(value, str) else None
+
+
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: EngineConfig,
                  eos_token_ids: tuple[int, ...] = (), model_dir: Path | None = None) -> None:
-        from kvcli.model.attention import (
-            allocate_kv_cache,
-            kv_cache_bytes_per_block,
-            kv_storage_dtype,
-        )
+        from kvcli.model.attention import allocate_kv_cache, kv_cache_bytes_per_block
 
         self.config = config
         self.model = model
@@ -44,7 +71,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len = int(model.max_position_embeddings)
         self.vocab_size = int(model.vocab_size)
-        dtype = kv_storage_dtype(config.kv_cache_dtype, getattr(torch, config.dtype))
+        dtype = _kv_dtype(model, config)
         self._use_kv_dtype(dtype)
         num_blocks = config.num_blocks
         if num_blocks is None:
@@ -57,6 +84,13 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.structured: Any = None  # kvcli.structured's StructuredDecoding, made on first use
         self.runner = ModelRunner(model, kv, config.block_size, self.sampler, config.device)
+        # How this model embeds (kvcli/checkpoint/pooling.py): its sentence-transformers layout,
+        # else last token + L2 norm; a model built without a directory gets the default.
+        raw = getattr(getattr(model, "config", None), "raw", None) or {}
+        self.embedding: EmbeddingSpec = (
+            read_embedding_spec(model_dir, raw) if model_dir is not None
+            else EmbeddingSpec(hidden_size=int(raw.get("hidden_size") or 0)))
+        self.headless = bool(getattr(model, "headless", False))
 
     def _use_kv_dtype(self, dtype: torch.dtype) -> None:
         """The model attends a pool of ``dtype`` (--kv-cache-dtype; its backend is picked again
@@ -64,7 +98,7 @@ class LLMEngine:
         setter = getattr(self.model, "set_kv_cache_dtype", None)
         if setter is not None:
             setter(dtype)
-        elif dtype != getattr(torch, self.config.dtype):
+        elif dtype != _computed_dtype(self.model, self.config):
             raise ValueError(f"kv_cache_dtype: {type(self.model).__name__} attends caches in "
                              f"its own dtype only")
 
@@ -103,10 +137,17 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         from kvcli.model.gguf_convert import resolve_model
         from kvcli.model.loader import load_model, read_eos_token_ids
+        from kvcli.model.precision import resolve_precision
         from kvcli.tokenizer import Tokenizer
 
+        precision = resolve_precision(config.precision, config.dtype, config.device,
+                                      quantization=config.quantization)
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
                                        quiet=config.quiet, quantization=config.quantization))
+        if config.dtype == "auto":  # the checkpoint's dtype, where it is fast here
+            precision = resolve_precision(config.precision, "auto", config.device,
+                                          checkpoint_dtype(model_dir), config.quantization)
+        dtype = getattr(torch, precision.weights)
         # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
         # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
         # order; the peak of `kvcli generate` 10 MiB lower).
@@ -116,11 +157,12 @@ class LLMEngine:
         if config.quantization:
             from kvcli.model.quant.load import load_quantized
 
-            model = load_quantized(model_dir, config.quantization, getattr(torch, config.dtype),
-                                   config.device, config.allow_pickle)
+            model = load_quantized(model_dir, config.quantization, dtype, config.device,
+                                   config.allow_pickle)
         else:
-            model = load_model(model_dir, dtype=getattr(torch, config.dtype),
-                               device=config.device, allow_pickle=config.allow_pickle)
+            model = load_model(model_dir, dtype=dtype, device=config.device,
+                               allow_pickle=config.allow_pickle)
+        model.precision = precision  # what --precision / --dtype chose, for Backend.describe()
         eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
         return cls(model, tokenizer, config, eos, model_dir=model_dir)
 
@@ -128,6 +170,9 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
         """Queue a request; raises ``ValueError("field: reason")`` when it can never run."""
+        if self.headless:
+            raise ValueError(f"this model ({self.model.config.architecture}) has no "
+                             "language-model head: it computes embeddings only")
         params = params or SamplingParams()
         params.validate()
         if params.max_tokens is None:  # "until the context ends", as vLLM's server defaults it
@@ -149,6 +194,23 @@ class LLMEngine:
             self.structured.hold(grammar, children)
             return
         for req in children:
+            self.scheduler.add_request(req)
+
+    def add_embedding_request(self, request_id: str, inputs: list[list[int]],
+                              params: PoolingParams, cache_salt: str | None = None) -> None:
+        """Queue one embedding per input (prefill only); their output comes back together, as
+        one ``RequestOutput`` with ``embeddings`` in input order."""
+        if request_id in self._groups:
+            raise ValueError(f"id: duplicate request id {request_id!r}")
+        for i, ids in enumerate(inputs):
+            check_embedding_prompt(ids, self.max_model_len, self.vocab_size, self.num_blocks,
+                                   self.config.block_size, f"input[{i}]" if inputs[1:] else "input")
+        children = pooling.requests(request_id, inputs, params, cache_salt,
+                                    self.config.block_size, self._arrivals)
+        self._arrivals += len(children)
+        self._groups[request_id] = children
+        for req in children:
+            self._requests[req.request_id] = req
             self.scheduler.add_request(req)
 
     def _grammar(self, params: SamplingParams) -> Any:
@@ -199,6 +261,8 @@ class LLMEngine:
         now = time.monotonic()
         finished = [done for i, req in enumerate(samplers)
                     if (done := self._advance(req, result, i, now)) is not None]
+        finished += [done for req in self.runner.pooled_done  # embeddings: done after prefill
+                     if (done := self._finish(req, pooling.complete(req, now))) is not None]
         self.metrics.on_step(out, len(samplers), time.perf_counter() - t0)
         return admitted + finished
 
@@ -270,6 +334,8 @@ class LLMEngine:
         if group is None or not all(r.is_finished for r in group):
             return None
         del self._groups[parent]
+        if group[0].pooling is not None:
+            return self._embedding_output(parent, group)
         disk_hits = self.kv_manager.disk_hit_tokens.get(group[0].request_id, 0)
         outs = []
         for i, r in enumerate(group):
@@ -292,6 +358,14 @@ class LLMEngine:
             result.prompt_logprobs = [None, *first.prompt_logprobs]
         if self.disk is not None:  # like num_cached_tokens: the first sample's admission
             result.num_disk_cached_tokens = disk_hits
+        self.metrics.on_finished(result)
+        return result
+
+    def _embedding_output(self, parent: str, group: list[Request]) -> RequestOutput:
+        result = pooling.group_output(parent, group, self.kv_manager.disk_hit_tokens
+                                      if self.disk is not None else None)
+        for r in group:
+            self._forget(r)
         self.metrics.on_finished(result)
         return result
 

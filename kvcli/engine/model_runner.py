@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvcli.engine import prompt_logprobs
+from kvcli.engine import pooling, prompt_logprobs
 from kvcli.engine.request import Request
 from kvcli.engine.sampler import Sampler, SampleResult
 from kvcli.engine.scheduler import SchedulerOutput
@@ -36,26 +36,32 @@ class ModelRunner:
         # Chosen once, when the model was built: which kernels run each phase (model/backend.py).
         self.backend: Backend = model_backend(model)
         self.native = self.backend.native
+        self.pooled_done: list[Request] = []  # the last step's embedding requests now complete
 
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
     ) -> tuple[list[Request], SampleResult]:
-        """Run one step; returns the requests that sampled and their new tokens."""
+        """Run one step; returns the requests that sampled and their new tokens. Embedding
+        requests never sample: their chunks are pooled (engine/pooling.py), and those whose
+        prompt is complete are listed in ``self.pooled_done``."""
         input_ids: list[int] = []
         positions: list[int] = []
         num_computed: list[int] = []
         sample_rows: list[int] = []
         samplers: list[Request] = []
         scored: list[tuple[Request, int, int, range]] = []  # requests asking prompt logprobs
+        pooled: list[tuple[Request, int, int, int]] = []  # embedding requests' chunks
         for req, n in zip(out.requests, out.num_new_tokens, strict=True):
             start = req.num_computed_tokens
             if req.sampling_params.prompt_logprobs is not None:
                 scored.append((req, start, len(input_ids), prompt_logprobs.prompt_rows(req, start, n)))
+            if req.pooling is not None:
+                pooled.append((req, start, len(input_ids), n))
             input_ids.extend(req.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             num_computed.append(start)
-            if start + n == req.num_tokens:  # chunk reaches the end: this row samples
+            if req.pooling is None and start + n == req.num_tokens:  # the chunk's last row samples
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(req)
         # The common fields, once per step; the model's attention backend builds its own.
@@ -67,6 +73,9 @@ class ModelRunner:
         hidden = self.model(ids_t, pos_t, meta, self.kv_cache)
         for req, start, row0, wanted in scored:
             prompt_logprobs.collect(self.model.compute_logits, hidden, req, start, row0, wanted)
+        for req, start, row0, n in pooled:
+            pooling.collect(hidden, req, start, row0, n)
+        self.pooled_done = [req for req, start, _, n in pooled if start + n == req.num_tokens]
         if not samplers:
             return [], SampleResult([], [])
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)

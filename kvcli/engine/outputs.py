@@ -32,6 +32,9 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then one
     # {token_id: logprob} per prompt token (itself and the top alternatives), as in vLLM.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # An embedding request: one vector per input, in input order (``outputs`` is empty and
+    # ``prompt_token_ids`` holds every input's tokens, one after another, for the counts).
+    embeddings: list[list[float]] | None = None
 
     @property
     def finished(self) -> bool:

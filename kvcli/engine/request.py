@@ -10,7 +10,9 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from kvcli.checkpoint.pooling import PoolingParams
 from kvcli.hashing import DEFAULT_BLOCK_SIZE, BlockHash, BlockHasher
 from kvcli.sampling_params import SamplingParams
 
@@ -59,6 +61,12 @@ class Request:
     prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    # An embedding request (prefill only, no sampling): how it pools, what it has pooled so
+    # far (a tensor; engine/pooling.py) over positions [0, pooled_upto), and the result.
+    pooling: PoolingParams | None = None
+    pooled: Any = None
+    pooled_upto: int = 0
+    embedding: list[float] | None = None
     block_hasher: BlockHasher = field(init=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +80,10 @@ class Request:
 
     @property
     def reads_prefix_cache(self) -> bool:
-        """False with prompt logprobs: every prompt position's logits are computed."""
+        """False with prompt logprobs (every prompt position's logits are computed) and for
+        mean / CLS pooling (every position's hidden state, which K/V cannot give back)."""
+        if self.pooling is not None and self.pooling.needs_every_token:
+            return False
         return self.sampling_params.prompt_logprobs is None
 
     @property

@@ -10,7 +10,10 @@ stay byte-identical to a run without structured outputs.
 A matcher's state is a function of the request's output tokens. The engine keeps those
 tokens through a preemption (it recomputes their K/V), and :meth:`mask` re-derives the
 state from them whenever the two disagree, so a recomputed request resumes exactly where
-its grammar was.
+its grammar was. Where the grammar starts is a function of the output too: after
+``structured_after`` (``</think>``) when the reply starts inside its reasoning; when the
+model may open the reasoning itself (``structured_opener``), the first token may be the
+grammar's or the opener, and which one it was decides.
 """
 
 from __future__ import annotations
@@ -35,9 +38,18 @@ class _Matcher:
     after: tuple[int, ...] = ()  # SamplingParams.structured_after: the grammar waits for these
     start: int | None = 0  # where in the output the grammar starts (None: not yet)
     scanned: int = 0  # output positions already searched for ``after`` (each step adds one)
+    opener: int | None = None  # SamplingParams.structured_opener: the first token decides
+
+    def undecided(self, output: list[int]) -> bool:
+        """Whether the first token may still open the reasoning (then the grammar waits)."""
+        return self.opener is not None and not output
 
     def begin(self, output: list[int]) -> int | None:
-        """The grammar's first output position, once ``after`` has been written."""
+        """The grammar's first output position, once ``after`` has been written (or at once,
+        when the model could have opened its reasoning and did not)."""
+        if self.opener is not None and self.start is None and not self.scanned and output \
+                and output[0] != self.opener:
+            self.start = 0
         n = len(self.after)
         while self.start is None and self.scanned < len(output):
             self.scanned += 1
@@ -90,17 +102,19 @@ class StructuredDecoding:
                 failed += [(r, _reason(compiled.exception())) for r in samples]
             else:
                 for req in samples:
-                    self.add(req.request_id, compiled.result(),
-                             req.sampling_params.structured_after)
+                    sp = req.sampling_params
+                    self.add(req.request_id, compiled.result(), sp.structured_after,
+                             sp.structured_opener)
                 ok += samples
         self._held = still
         return ok, failed
 
-    def add(self, request_id: str, compiled: Any, after: list[int] | None = None) -> None:
+    def add(self, request_id: str, compiled: Any, after: list[int] | None = None,
+            opener: int | None = None) -> None:
         import xgrammar as xgr
 
         self._matchers[request_id] = _Matcher(xgr.GrammarMatcher(compiled), after=tuple(
-            after or ()), start=None if after else 0)
+            after or ()), start=None if after else 0, opener=opener)
 
     def on_finished(self, req: Request, text: str) -> None:
         """Count a finished constrained sample; one that ended by its grammar is re-checked."""
@@ -132,8 +146,16 @@ class StructuredDecoding:
 
     def mask(self, logits: torch.Tensor, requests: list[Request]) -> None:
         """Disallowed tokens of constrained rows -> -inf, in place; other rows untouched."""
-        rows = [i for i, r in enumerate(requests) if r.request_id in self._matchers
-                and self._matchers[r.request_id].begin(r.output_token_ids) is not None]
+        rows, openers = [], []
+        for i, r in enumerate(requests):
+            state = self._matchers.get(r.request_id)
+            if state is None:
+                continue
+            if state.begin(r.output_token_ids) is not None:
+                rows.append(i)
+            elif state.undecided(r.output_token_ids):  # the grammar's first tokens or <think>
+                rows.append(i)
+                openers.append((i, state.opener))
         if not rows:
             return
         import xgrammar as xgr
@@ -142,15 +164,17 @@ class StructuredDecoding:
         bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
         for i in rows:
             self._synced(requests[i]).fill_next_token_bitmask(bitmask, i)
+        for i, token in openers:
+            allow_token(bitmask, i, token)
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
         self.stats.mask_s += time.perf_counter() - t0
 
     def accept(self, req: Request, token_id: int) -> bool:
         """Advance ``req``'s matcher by its newest token; False if the grammar rejects it."""
         state = self._matchers.get(req.request_id)
-        start = None if state is None else state.begin(req.output_token_ids[:-1])
-        if start is None:  # unconstrained, or still reasoning (this token may end it)
-            return True
+        start = None if state is None else state.begin(req.output_token_ids)
+        if start is None or start >= len(req.output_token_ids):
+            return True  # unconstrained, still reasoning, or this token ended the reasoning
         self._synced(req, upto=len(req.output_token_ids) - 1)
         ok = bool(state.matcher.accept_token(token_id))
         state.num_accepted += ok
@@ -169,6 +193,12 @@ class StructuredDecoding:
                     break
                 state.num_accepted += 1
         return state.matcher
+
+
+def allow_token(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Set ``token``'s bit in an xgrammar bitmask row (int32 words: bit 31 is the sign bit)."""
+    word, bit = divmod(token, 32)
+    bitmask[row, word] |= -(1 << 31) if bit == 31 else 1 << bit
 
 
 def _reason(err: BaseException) -> str:

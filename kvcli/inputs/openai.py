@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcli.inputs.embeddings import EMBEDDINGS_URL
 from kvcli.inputs.errors import LineError, show_value
 from kvcli.inputs.fields import SAMPLING_FIELDS, renamed, sampling_overrides
 from kvcli.inputs.messages import check_messages, check_tools
@@ -20,12 +21,13 @@ from kvcli.inputs.responses import responses_to_messages
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 RESPONSES_URL = "/v1/responses"
-URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL)
+URLS = (CHAT_URL, COMPLETIONS_URL, RESPONSES_URL, EMBEDDINGS_URL)
 
 BODY_SAMPLING = tuple(n for n in SAMPLING_FIELDS if n != "logprobs")
 # Accepted and ignored: they do not change what a single offline completion computes.
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
-            "tool_choice", "parallel_tool_calls", "prompt_cache_key", "session_id")
+            "tool_choice", "parallel_tool_calls", "prompt_cache_key", "session_id",
+            "prompt_cache_options", "prompt_cache_retention")
 _COMMON = (*BODY_SAMPLING, *_IGNORED, "max_completion_tokens", "cache_salt", "logprobs")
 CHAT_FIELDS = (*_COMMON, "messages", "tools", "top_logprobs", "response_format",
                "chat_template_kwargs")

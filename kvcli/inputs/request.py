@@ -8,7 +8,8 @@ Line shapes:
   batch line ``{"custom_id", "params"}``;
 * an OpenAI Responses body (``input``, ``instructions``);
 * an OpenAI Batch line ``{"custom_id", "method": "POST", "url", "body"}`` for chat
-  completions, completions or responses.
+  completions, completions, responses or embeddings;
+* a plain embeddings line ``{"input", "task": "embed"}`` (``embeddings.py``).
 
 Nothing is reordered or re-serialized: dicts keep their key order.
 """
@@ -19,7 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcli.inputs import openai
+from kvcli.inputs import embeddings, openai
 from kvcli.inputs.content import check_content
 from kvcli.inputs.errors import LineError, type_name
 from kvcli.inputs.fields import (
@@ -46,6 +47,8 @@ class Format(enum.Enum):
     OPENAI_RESPONSES = "openai-responses"  # a Batch API line for /v1/responses
     RESPONSES = "responses"  # a bare Responses body
     ANTHROPIC = "anthropic"
+    OPENAI_EMBEDDINGS = "openai-embeddings"  # a Batch API line for /v1/embeddings
+    EMBED = "embed"  # a plain {"input", "task": "embed"} line
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class InputRequest:
     response_format: Any = None  # chat's response_format, or Responses' text.format
     guided: dict[str, Any] = field(default_factory=dict)  # vLLM's older guided_* fields, as given
     ignored: list[str] = field(default_factory=list)  # unknown fields (not strict)
+    # An embeddings request: its inputs (``prompt`` is the first), encoding and dimensions.
+    embed: embeddings.EmbedRequest | None = None
 
 
 _META = (*ID_FIELDS, *SESSION_KEYS, "metadata", "cache_salt", "model")
@@ -74,7 +79,8 @@ ANTHROPIC_FIELDS = (*_META, *GUIDED_FIELDS, "messages", "system", "tools", "tool
 _ANTHROPIC_SAMPLING = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
                        "top_k": "top_k", "stop_sequences": "stop"}
 _URL_FORMATS = {openai.CHAT_URL: Format.OPENAI_CHAT, openai.COMPLETIONS_URL: Format.OPENAI_COMPLETION,
-                openai.RESPONSES_URL: Format.OPENAI_RESPONSES}
+                openai.RESPONSES_URL: Format.OPENAI_RESPONSES,
+                embeddings.EMBEDDINGS_URL: Format.OPENAI_EMBEDDINGS}
 
 
 def parse_request(obj: Any, strict: bool = False) -> InputRequest:
@@ -114,6 +120,9 @@ def _openai_line(obj: dict[str, Any], strict: bool) -> InputRequest:
     ignored = unknown_fields(obj, ("custom_id", "method", "url", "body", "cache_salt"), strict)
     kind = _URL_FORMATS[openai.check_url(obj)]
     body = _object(obj.get("body"), "body")
+    if kind is Format.OPENAI_EMBEDDINGS:
+        ignored += unknown_fields(body, embeddings.EMBEDDING_FIELDS, strict, "body.")
+        return _embed_request(kind, body, "body.", ignored)
     openai.check_no_stream(body, "body.")
     known, read = {
         Format.OPENAI_CHAT: (openai.CHAT_FIELDS, openai.chat_body),
@@ -130,6 +139,9 @@ def _openai_line(obj: dict[str, Any], strict: bool) -> InputRequest:
 def _body_request(obj: dict[str, Any], prefix: str, strict: bool) -> InputRequest:
     """A request body without a Batch API envelope: plain, Anthropic Messages or Responses."""
     body = present(obj)
+    if embeddings.is_embed_line(body):
+        ignored = unknown_fields(body, (*embeddings.PLAIN_EMBED_FIELDS, *_META), strict, prefix)
+        return _embed_request(Format.EMBED, body, prefix, ignored)
     if "input" in body:
         ignored = unknown_fields(body, (*openai.RESPONSES_FIELDS, *GUIDED_FIELDS, *_META), strict,
                                  prefix)
@@ -148,6 +160,13 @@ def _body_request(obj: dict[str, Any], prefix: str, strict: bool) -> InputReques
                         model=get_str(body, "model", prefix=prefix),
                         response_format=_response_format(body), guided=_guided(body),
                         ignored=ignored)
+
+
+def _embed_request(kind: Format, body: dict[str, Any], prefix: str,
+                   ignored: list[str]) -> InputRequest:
+    embed = embeddings.embeddings_body(body, prefix)
+    return InputRequest(kind, embed.inputs[0], prefix=prefix,
+                        model=get_str(body, "model", prefix=prefix), ignored=ignored, embed=embed)
 
 
 def _anthropic(body: dict[str, Any], prefix: str) -> Prompt:

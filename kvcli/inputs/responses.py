@@ -13,6 +13,7 @@ from typing import Any
 from kvcli.inputs.errors import LineError, type_name
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_MARKS = ("cache_control", "prompt_cache_breakpoint")
 
 
 def _parts(content: Any) -> Any:
@@ -21,7 +22,8 @@ def _parts(content: Any) -> Any:
     parts = []
     for part in content:
         if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and "text" in part:
-            parts.append({"type": "text", "text": part["text"]})
+            marks = {k: part[k] for k in _MARKS if k in part}  # the audit reads cache breakpoints
+            parts.append({"type": "text", "text": part["text"], **marks})
         else:
             parts.append(part)
     return parts

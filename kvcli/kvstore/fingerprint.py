@@ -49,7 +49,9 @@ class ModelFingerprint:
     num_kv_heads: int
     head_dim: int
     rope: dict[str, Any] = field(hash=False)
-    quantization: str = "none"  # EngineConfig.quantization (int8, gguf) or none
+    # EngineConfig.quantization (int8, gguf), narrower float weights ("bfloat16 weights": the
+    # engine's kv_disk.weights_form) or none
+    quantization: str = "none"
     # The pool's element type where it differs from ``dtype`` (--kv-cache-dtype int8); "" when
     # it is the model's dtype, and then not keyed, so caches written before it still match.
     kv_cache_dtype: str = ""

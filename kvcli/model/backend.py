@@ -16,6 +16,7 @@ from typing import Any
 
 from kvcli.model.attention import AttentionBackend
 from kvcli.model.platform import Platform
+from kvcli.model.precision import Precision
 from kvcli.model.routes import KernelRoutes
 
 
@@ -25,6 +26,7 @@ class Backend:
     attention: AttentionBackend
     routes: KernelRoutes
     batch1_decode: str
+    precision: Precision | None = None  # what --precision / --dtype chose (None: built directly)
 
     @property
     def native(self) -> ctypes.CDLL | None:
@@ -57,11 +59,18 @@ class Backend:
     def matmul(self) -> str:
         return self.routes.describe()["matmul"] if self.platform.cpu else "torch"
 
+    @property
+    def precision_label(self) -> str:
+        """``exact: float32 weights`` or ``fast: bfloat16 weights (why)``."""
+        if self.precision is None:
+            return str(self.platform.weights).removeprefix("torch.") + " weights"
+        return self.precision.label
+
     def describe(self) -> dict[str, str]:
         """What runs where, for ``--stats`` and the bench JSON."""
         from kvcli.model.attention import kv_cache_dtype_name
 
-        return {"name": self.name, "isa": self.isa,
+        return {"name": self.name, "isa": self.isa, "precision": self.precision_label,
                 "kv_cache_dtype": kv_cache_dtype_name(self.platform.kv_dtype),
                 "decode_attention": self.decode_attention,
                 "prefill_attention": self.prefill_attention, "batch1_decode": self.batch1_decode,
@@ -73,4 +82,5 @@ def model_backend(model: Any) -> Backend:
     decoder = getattr(model, "_numpy_decoder", None)
     batch1 = "as batched" if decoder is None else "numpy fused" + (
         ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
-    return Backend(model.platform, model.attention_backend, model.routes, batch1)
+    return Backend(model.platform, model.attention_backend, model.routes, batch1,
+                   getattr(model, "precision", None))

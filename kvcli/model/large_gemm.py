@@ -21,7 +21,7 @@ import torch
 CHOICES = ("mkl", "onednn")
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
+def cpuinfo() -> tuple[str, set[str]]:
     """(vendor_id, feature flags) of the first CPU in /proc/cpuinfo; empty where unreadable."""
     vendor, flags = "", set()
     try:
@@ -45,6 +45,6 @@ def library() -> str:
         if forced not in CHOICES:
             raise ValueError(f"KVCLI_LARGE_GEMM={forced!r}: expected one of {', '.join(CHOICES)}")
         return forced
-    vendor, flags = _cpuinfo()
+    vendor, flags = cpuinfo()
     usable = torch.backends.mkldnn.is_available()
     return "onednn" if usable and "avx512f" in flags and vendor != "GenuineIntel" else "mkl"

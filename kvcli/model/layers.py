@@ -39,7 +39,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 @torch.no_grad()
-def use_input_major_layout(module: nn.Module, copy: bool = True) -> None:
+def use_input_major_layout(module: nn.Module, copy: bool = True,
+                           weights: torch.dtype = torch.float32) -> None:
     """Re-store every Linear weight as an ``[in, out]`` matrix (seen through a transposed view)
     inside one NumPy-allocated arena, in the order the layers run; the embedding likewise.
 
@@ -47,25 +48,38 @@ def use_input_major_layout(module: nn.Module, copy: bool = True) -> None:
     allocator never does: most per-layer matrices (1-3.5 MB) landed on 4 KB pages and the
     TLB misses of streaming ~540 MB of weights per decode step cost ~25% of its matmul time.
     One arena puts them all on huge pages. The loader calls this before filling the weights
-    (``copy=False``), so no second copy of the model ever exists.
+    (``copy=False``), so no second copy of the model ever exists. ``weights=torch.bfloat16``
+    (--dtype on a float32 model, precision.py) stores the matrices and the embedding in it
+    (a uint16 arena seen as bfloat16: NumPy has no bfloat16); norms and biases stay float32.
     """
     linears = [m for m in module.modules() if isinstance(m, Linear)
                and m.weight.dtype == torch.float32 and m.weight.is_contiguous()]
-    arena = np.empty(sum(m.weight.numel() for m in linears), dtype=np.float32)
+    arena = _arena(sum(m.weight.numel() for m in linears), weights)
     offset = 0
     for lin in linears:
         out_features, in_features = lin.weight.shape
-        view = arena[offset : offset + lin.weight.numel()].reshape(in_features, out_features)
+        view = arena[offset : offset + lin.weight.numel()].view(in_features, out_features)
         if copy:
-            view[...] = lin.weight.numpy().T
-        lin.weight = nn.Parameter(torch.from_numpy(view).t(), requires_grad=False)
-        offset += view.size
+            view.copy_(lin.weight.t())
+        lin.weight = nn.Parameter(view.t(), requires_grad=False)
+        offset += view.numel()
     for emb in module.modules():
         if isinstance(emb, Embedding) and emb.weight.dtype == torch.float32:
-            buf = np.empty(tuple(emb.weight.shape), dtype=np.float32)
+            buf = _arena(emb.weight.numel(), weights).view(tuple(emb.weight.shape))
             if copy:
-                buf[...] = emb.weight.numpy()
-            emb.weight = nn.Parameter(torch.from_numpy(buf), requires_grad=False)
+                buf.copy_(emb.weight)
+            emb.weight = nn.Parameter(buf, requires_grad=False)
+            if weights != torch.float32:  # the model computes in float32 whatever it stores
+                emb.output_dtype = torch.float32
+
+
+def _arena(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """``numel`` elements of ``dtype`` in one NumPy allocation (huge pages; see above)."""
+    if dtype == torch.float32:
+        return torch.from_numpy(np.empty(numel, dtype=np.float32))
+    if dtype.itemsize != 2:
+        raise ValueError(f"weights in {dtype}: expected float32, bfloat16 or float16")
+    return torch.from_numpy(np.empty(numel, dtype=np.uint16)).view(dtype)
 
 
 def empty_param(
@@ -124,12 +138,15 @@ class RMSNorm(Routed):
 
 
 class Embedding(nn.Module):
+    output_dtype: torch.dtype | None = None  # set where the weight is narrower than the model
+
     def __init__(self, num: int, dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.weight = empty_param((num, dim), dtype, device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        rows = F.embedding(ids, self.weight)
+        return rows if self.output_dtype is None else rows.to(self.output_dtype)
 
 
 _ACTIVATIONS = {

@@ -24,7 +24,8 @@ from kvcli.model.decoder import (
 )
 from kvcli.model.layers import Linear, RotaryEmbedding, install_routes
 from kvcli.model.numpy_decode import NumpyDecoder
-from kvcli.model.platform import detect_platform
+from kvcli.model.platform import compute_dtype, detect_platform
+from kvcli.model.registry import is_headless
 from kvcli.model.routes import KernelRoutes, select_routes
 
 Device = torch.device | str
@@ -108,10 +109,12 @@ class LlamaForCausalLM(nn.Module):
         windows = self.sliding_windows(cfg)
         layer_spec = self.layer_spec(cfg)
         specs = [self.attention_spec(cfg, i, windows[i]) for i in range(cfg.num_layers)]
-        # Chosen once for the model (for a cache in the model's dtype): which attention
-        # backend every layer runs, and which kernels its matmuls, norms and RoPE take.
-        self.compute_dtype = dtype  # the cache's by default (set_kv_cache_dtype changes it)
-        self.platform = detect_platform(device, dtype)
+        # Chosen once for the model (the KV cache takes the dtype it computes in): which
+        # attention backend every layer runs, and which kernels its matmuls, norms and RoPE
+        # take. On the CPU only the loader's matmul weights take a narrower ``dtype``.
+        self.platform = detect_platform(device, compute_dtype(device, dtype), weights=dtype)
+        dtype = self.platform.kv_dtype
+        self.compute_dtype = dtype  # the cache's too unless set_kv_cache_dtype changes it
         self.routes: KernelRoutes = select_routes(self.platform)
         self._attention_specs = [spec.attention for spec in specs]
         self.attention_backend: AttentionBackend = select_attention_backend(
@@ -125,9 +128,12 @@ class LlamaForCausalLM(nn.Module):
         rotaries = self.rotary_embeddings(cfg, dtype, device)
         self.model = DecoderModel(layers, rotaries, cfg, layer_spec.norm, dtype, device)
         # Tied: the output layer *is* the embedding tensor (no lm_head parameter, no copy).
+        # Headless (an embedding model's ``Qwen2Model``): no output layer at all.
+        self.headless = is_headless(cfg.architecture)
         tied = self.tie_word_embeddings(cfg)
         self.lm_head = (
-            None if tied else Linear(cfg.hidden_size, (cfg.vocab_size,), False, dtype, device)
+            None if tied or self.headless
+            else Linear(cfg.hidden_size, (cfg.vocab_size,), False, dtype, device)
         )
         self.embed_multiplier = self.embedding_multiplier(cfg)
         self.logits_div = self.logits_divisor(cfg)
@@ -149,6 +155,7 @@ class LlamaForCausalLM(nn.Module):
         return None if None in windows else max(windows)
 
     _numpy_decoder: NumpyDecoder | None = None
+    logits_weight: object | None = None  # model/packed.py's PackedWeight of a tied embedding
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
@@ -206,7 +213,11 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.headless:  # the engine refuses such requests first (add_request)
+            raise RuntimeError(f"{self.config.architecture} has no language-model head")
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.logits_weight is not None:  # a packed copy of a tied embedding (packed.py)
+            weight = self.logits_weight
         logits = self.routes.linear(hidden, weight)
         if self.logits_div is not None:  # Granite's logits_scaling
             logits = logits / self.logits_div

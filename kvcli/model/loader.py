@@ -16,6 +16,7 @@ from torch import nn
 
 from kvcli.checkpoint.config import ModelConfig, load_config_json, parse_model_config, read_field
 from kvcli.model.layers import Linear, use_input_major_layout
+from kvcli.model.packed import pack_narrow_weights
 from kvcli.model.registry import choose_architecture, model_class, supported_architectures
 
 # (source file, checkpoint name, tensor)
@@ -184,13 +185,25 @@ def load_model(
 ) -> nn.Module:
     model_dir = Path(model_dir)
     model = build_model(read_model_config(model_dir), dtype, device)
+    weights = getattr(getattr(model, "platform", None), "weights", torch.float32)
     if torch.device(device).type == "cpu":
-        use_input_major_layout(model, copy=False)  # before loading: weights go straight in
-    load_weights(model, checkpoint_tensors(model_dir, allow_pickle))
+        # Before loading: weights go straight in, in the dtype the model multiplies them in.
+        use_input_major_layout(model, copy=False, weights=weights)
+    tensors = checkpoint_tensors(model_dir, allow_pickle)
+    load_weights(model, headless_names(tensors) if getattr(model, "headless", False) else tensors)
+    if torch.device(device).type == "cpu" and weights != torch.float32:
+        pack_narrow_weights(model)  # oneDNN's layout once, not per call (model/packed.py)
     if hasattr(model, "enable_fast_decode"):
         model.enable_fast_decode()
     release_free_heap()
     return model.eval()
+
+
+def headless_names(tensors: Iterable[CheckpointTensor]) -> Iterator[CheckpointTensor]:
+    """A headless checkpoint's tensors (``layers.0...``, ``embed_tokens.weight``) under the
+    names of the ``model.*`` submodule they fill; names already under it stay."""
+    for file, name, tensor in tensors:
+        yield file, name if name.startswith("model.") else f"model.{name}", tensor
 
 
 def release_free_heap() -> None:
@@ -210,6 +223,7 @@ __all__ = [
     "ModelLoadError",
     "build_model",
     "checkpoint_tensors",
+    "headless_names",
     "load_model",
     "load_weights",
     "read_eos_token_ids",

@@ -22,10 +22,20 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("kvcli.model.moe", "Qwen3MoeForCausalLM"),
     "Qwen2MoeForCausalLM": ("kvcli.model.moe", "Qwen2MoeForCausalLM"),
 }
+# Headless checkpoints (transformers' ``*Model``: weights without the ``model.`` prefix, no
+# lm_head), as embedding models ship (gte-Qwen2, e5-mistral): the same family class, built
+# without an output layer. Gemma 3's text-only body is ``Gemma3TextModel``.
+HEADLESS: dict[str, str] = {name.replace("ForCausalLM", "Model"): name for name in _ARCHITECTURES
+                            if name != "Gemma3ForCausalLM"}
+HEADLESS["Gemma3TextModel"] = "Gemma3ForCausalLM"
+
+
+def is_headless(architecture: str) -> bool:
+    return architecture in HEADLESS
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_ARCHITECTURES)
+    return sorted((*_ARCHITECTURES, *HEADLESS))
 
 
 def choose_architecture(raw: dict[str, Any], path: str) -> str:
@@ -36,7 +46,7 @@ def choose_architecture(raw: dict[str, Any], path: str) -> str:
             f"{path}: field 'architectures': expected a non-empty list of class names, got {names!r}"
         )
     for name in names:
-        if name in _ARCHITECTURES:
+        if name in _ARCHITECTURES or name in HEADLESS:
             return name
     raise ModelConfigError(
         f"{path}: field 'architectures': {', '.join(names)} is not supported; "
@@ -46,7 +56,7 @@ def choose_architecture(raw: dict[str, Any], path: str) -> str:
 
 def model_class(architecture: str) -> type:
     try:
-        module_name, class_name = _ARCHITECTURES[architecture]
+        module_name, class_name = _ARCHITECTURES[HEADLESS.get(architecture, architecture)]
     except KeyError:
         raise ModelConfigError(
             f"architecture {architecture!r} is not supported; "

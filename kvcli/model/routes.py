@@ -39,6 +39,21 @@ def _takes(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
 
 
+NARROW = (torch.bfloat16, torch.float16)  # weight dtypes --dtype stores (model/precision.py)
+
+
+def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """A float32 ``x`` times plain bfloat16/float16 weights, in float32: ``x`` rounded to the
+    weights' dtype and multiplied by oneDNN (AMX or AVX512_BF16 tiles, float32 sums), the
+    product returned in float32 plus a float32 bias. A loaded model's weights are pre-packed
+    instead (model/packed.py); this serves weights that are not (a model built directly)."""
+    y = F.linear(x.to(weight.dtype), weight).float()
+    if bias is not None:
+        y += bias
+    return y
+
+
 @dataclass(frozen=True, slots=True)
 class KernelRoutes:
     native: ctypes.CDLL | None  # the compiled kernels; None: the torch routes
@@ -46,6 +61,7 @@ class KernelRoutes:
     native_gemm_max_rows: int
     qgemm_max_rows: int  # quantized matmuls up to this many rows run in registers (qgemm.c)
     large_gemm: str  # "mkl" | "onednn": float32 matmuls past the native kernel's rows
+    weights: torch.dtype = torch.float32  # the model's matmul weights (Platform.weights)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -56,6 +72,8 @@ class KernelRoutes:
             return weight.linear(x, bias, self)
         if not (x.device.type == "cpu" and x.dtype == torch.float32
                 and weight.dtype == torch.float32):
+            if x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype in NARROW:
+                return narrow_linear(x, weight, bias)
             return F.linear(x, weight, bias)
         rows = x.shape[0] if x.dim() == 2 else self.native_gemm_max_rows + 1
         if rows <= self.numpy_max_rows:
@@ -106,8 +124,12 @@ class KernelRoutes:
                if self.native is not None and self.native_gemm_max_rows > self.numpy_max_rows
                else "")
         larger = "more torch " + {"mkl": "MKL", "onednn": "oneDNN"}[self.large_gemm]
-        return {"matmul": ", ".join(p for p in (numpy_rows, few, larger) if p),
-                "elementwise": "native" if self.native is not None else "torch"}
+        matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
+        if self.weights in NARROW:  # every matmul of the model takes narrow_linear
+            name = str(self.weights).removeprefix("torch.")
+            matmul = (f"{name} weights pre-packed for torch's oneDNN (model/packed.py; "
+                      "float32 sums and activations)")
+        return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}
 
 
 def select_routes(platform: Platform) -> KernelRoutes:
@@ -118,6 +140,7 @@ def select_routes(platform: Platform) -> KernelRoutes:
         native_gemm_max_rows=int(os.environ.get("KVCLI_GEMM_MAX_ROWS", "64")),
         qgemm_max_rows=int(os.environ.get("KVCLI_QGEMM_MAX_ROWS", "64")),
         large_gemm=large_gemm.library() if platform.cpu else "mkl",
+        weights=platform.weights,
     )
 
 

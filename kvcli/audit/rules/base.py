@@ -40,6 +40,7 @@ class PromptView:
     findings: list[Finding] = field(default_factory=list)
     breakpoint_reachable: int = 0  # anthropic: longest prefix an earlier request wrote
     breakpoints: int = 0
+    breakpoint_marks: list[tuple[str, int]] = field(default_factory=list)  # explicit ones: (label, token end)
     _contrast: Contrast | None = None
     _contrast_done: bool = False
 

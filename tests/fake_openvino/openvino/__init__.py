@@ -11,3 +11,13 @@ class Tensor:
             raise TypeError(f"fake openvino: want int64 ids of shape [1, n], got "
                             f"{array.dtype} {array.shape}")
         self.ids = [int(t) for t in array[0]]
+
+
+class Core:
+    """The CPU plugin's precision defaults, as OpenVINO 2026.4 reports them on AVX512_BF16."""
+
+    DEFAULTS = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8",
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
+
+    def get_property(self, device: str, key: str) -> Any:
+        return self.DEFAULTS[key]

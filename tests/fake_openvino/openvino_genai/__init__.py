@@ -5,7 +5,8 @@ are (sum of its prompt + index) % 97. Like OpenVINO, a pipeline keeps the prefix
 finished requests: a request whose first 4 tokens a finished request of the same pipeline
 had skips its prefill step (its first token comes one step earlier), so the tests can
 tell whether the runner really starts every run from a fresh pipeline. The pipeline
-refuses to build without kvcli's float32 properties, as the peer promises to pass them.
+refuses to build with partial float32 properties: all of kvcli's forced ones (openvino), or
+none (openvino-default, where from the third token on the outputs drift, as bf16 would).
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class ContinuousBatchingPipeline:
             raise RuntimeError("fake compile failure")
         if not (Path(models_path) / "openvino_model.xml").is_file():
             raise RuntimeError(f"fake openvino: no openvino_model.xml in {models_path}")
-        wrong = [k for k in F32_KEYS if properties.get(k) != "f32"]
+        # kvcli's float32 everywhere, or (openvino-default) no precision property at all
+        self.defaults = not any(k in properties for k in F32_KEYS)
+        wrong = [] if self.defaults else [k for k in F32_KEYS if properties.get(k) != "f32"]
         if wrong or device != "CPU" or not scheduler_config.enable_prefix_caching:
             raise ValueError(f"fake openvino: not kvcli's settings: {wrong} {device}")
         self.config = scheduler_config
@@ -96,7 +99,9 @@ class ContinuousBatchingPipeline:
             if handle.prefill_left:
                 handle.prefill_left -= 1
                 continue
-            handle.tokens.append((sum(handle.ids) + len(handle.tokens)) % 97)
+            # at its defaults (bf16) the third token onwards "rounds" differently
+            drift = 1 if self.defaults and len(handle.tokens) >= 2 else 0
+            handle.tokens.append((sum(handle.ids) + len(handle.tokens) + drift) % 97)
             handle.unread += 1
             if handle.done():  # only finished requests' blocks are reused, as in OpenVINO
                 self.cached.add(tuple(handle.ids[:4]))

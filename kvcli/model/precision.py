@@ -1,0 +1,144 @@
+"""The number formats an engine computes in: ``--dtype`` and the ``--precision`` preset, decided
+once per engine (LLMEngine.from_config) from the CPU's feature flags.
+
+On the CPU, ``--dtype`` chooses how the matmul weights are stored and multiplied; activations,
+norms, RoPE, attention, softmax, sampling and the KV cache stay float32. ``bfloat16`` stores the
+weights in half the bytes and multiplies through torch's oneDNN bf16 GEMM (AMX tiles or
+AVX512_BF16, float32 accumulation; each matmul's input is rounded to bfloat16, its output
+returned in float32; the weights pre-packed for it once at load: packed.py). A CPU without native bf16 or fp16 would emulate them, slower
+than float32, so those dtypes are refused there with the reason. On another device (CUDA) the
+whole model and its KV cache take ``--dtype``, as before.
+
+Measured on a Xeon with AMX-BF16 (2 vCPUs, loaded; docs/BENCHMARKS.md 2026-12-02): torch's
+``F.linear`` of 576 x 3,072 weights, 16 rows 0.70 ms bf16 vs 1.41 float32, 256 rows 4.2 vs
+18.2 ms; float16 (AVX512_FP16 without AMX-FP16) 1.27 / 13.5 ms, so float16 is allowed but
+``auto`` and ``fast`` do not choose it. A hand-written ``vdpbf16ps`` kernel for 1-64 rows was
+slower than oneDNN's at every row count (it does as many multiply-adds per cycle as float32
+FMAs; AMX is where the compute is), so there is none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvcli.model import large_gemm
+
+# The choices of EngineConfig's dtype and precision (engine/config.py, which the model layer
+# may not import; tests/test_precision.py keeps them equal).
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fast here
+PRECISIONS = ("exact", "fast")
+# /proc/cpuinfo flags that compute a dtype natively (any one), and those that make it fast.
+_NATIVE = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+_FAST = {"bfloat16": ("amx_bf16", "avx512_bf16"), "float16": ("amx_fp16",)}
+
+
+class PrecisionError(ValueError):
+    """A dtype or preset this engine cannot run as asked; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    """What an engine computes in: the preset asked for, the matmul weights' dtype, and why."""
+
+    preset: str  # "exact" | "fast" | "custom" (an explicit --dtype overrode the preset's)
+    weights: str  # one of DTYPES: the float weights' (quantized weights: their activations')
+    reason: str
+    quantization: str | None = None  # --quantization's weights (int8, gguf) run instead
+
+    @property
+    def exact(self) -> bool:
+        """Greedy outputs equal transformers' float32 (the exact guarantee)."""
+        return self.weights == "float32" and self.quantization is None
+
+    @property
+    def label(self) -> str:
+        """``exact: float32 weights (why)``, for the backend report."""
+        weights = (f"{self.quantization} weights, float32 activations" if self.quantization
+                   else f"{self.weights} weights")
+        return f"{self.preset}: {weights} ({self.reason})"
+
+    def describe(self) -> dict[str, str]:
+        """For ``--stats``, the bench JSON and ``Backend.describe()``."""
+        return {"precision": self.preset, "weights": self.weights, "why": self.reason}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where unreadable)."""
+    return large_gemm.cpuinfo()[1]
+
+
+def _has(dtype: str, table: dict[str, tuple[str, ...]], flags: set[str]) -> bool:
+    return dtype == "float32" or any(flag in flags for flag in table.get(dtype, ()))
+
+
+def check_dtype(dtype: str, device: str) -> None:
+    """PrecisionError where ``dtype`` would be emulated on this CPU (slower than float32)."""
+    if dtype not in DTYPES:
+        raise PrecisionError(f"--dtype: expected one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    if not _is_cpu(device) or _has(dtype, _NATIVE, cpu_flags()):
+        return
+    raise PrecisionError(
+        f"--dtype {dtype}: this CPU has no native {dtype} ({' or '.join(_NATIVE[dtype])} not in "
+        "/proc/cpuinfo flags); emulated it is slower than float32, so it is refused "
+        "(use --dtype float32 or --precision fast)")
+
+
+def fast_choice(device: str, quantization: str | None = None) -> Precision:
+    """The fastest measured combination on this machine: the one place ``--precision fast`` is
+    decided (the integer kernels join here when they land). Quantized weights
+    (``--quantization``) are their own format: fast keeps their float32 activations."""
+    if quantization:
+        return Precision("fast", "float32", "quantized weights are their own format",
+                         quantization)
+    if not _is_cpu(device):
+        return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
+    if _has("bfloat16", _FAST, cpu_flags()):
+        return Precision("fast", "bfloat16", "native bfloat16 (AMX-BF16/AVX512_BF16): oneDNN "
+                         "bf16 matmuls with float32 sums, about half float32's CPU time where "
+                         "rows are many")
+    return Precision("fast", "float32", "no native bfloat16 on this CPU (emulated is slower "
+                     "than float32)")
+
+
+def resolve_precision(preset: str, dtype: str | None, device: str,
+                      checkpoint_dtype: str | None = None,
+                      quantization: str | None = None) -> Precision:
+    """The engine's precision: ``preset`` (exact, fast) for whatever ``dtype`` does not fix.
+
+    An explicit ``dtype`` overrides the preset's weights (then the preset is reported as
+    ``custom``; ``--precision fast --dtype float32`` would keep fast's other choices, today
+    none); ``auto`` is ``checkpoint_dtype`` where it is fast here, else float32.
+    PrecisionError: an unknown preset, or a dtype this CPU lacks.
+    """
+    if preset not in PRECISIONS:
+        raise PrecisionError(f"--precision: expected one of {', '.join(PRECISIONS)}, "
+                             f"got {preset!r}")
+    if dtype is None:
+        if preset == "fast":
+            return fast_choice(device, quantization)
+        if quantization:
+            return Precision("exact", "float32", "quantized: greedy agreement with float32 "
+                             "is measured, not guaranteed", quantization)
+        return Precision("exact", "float32", "greedy outputs equal transformers' float32")
+    reason = f"--dtype {dtype}"
+    if dtype == "auto":
+        dtype, reason = _auto(device, checkpoint_dtype)
+    check_dtype(dtype, device)
+    chosen = resolve_precision(preset, None, device, quantization=quantization)
+    if chosen.weights == dtype:
+        return chosen
+    return Precision("custom", dtype, f"{reason}, over --precision {preset}'s {chosen.weights}",
+                     quantization)
+
+
+def _auto(device: str, checkpoint_dtype: str | None) -> tuple[str, str]:
+    """--dtype auto's dtype and why."""
+    stored = checkpoint_dtype or "float32"
+    if stored in DTYPES and (not _is_cpu(device) or _has(stored, _FAST, cpu_flags())):
+        return stored, f"--dtype auto: the checkpoint's {stored}"
+    return "float32", f"--dtype auto: the checkpoint's {stored} is not fast here, float32"
+
+
+def _is_cpu(device: str) -> bool:
+    return str(device).split(":")[0] == "cpu"
