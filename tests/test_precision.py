@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from kvcli.cli import main
 from kvcli.engine.kv_disk import weights_form
 from kvcli.engine.llm import LLM
-from kvcli.model import large_gemm, precision
+from kvcli.model import large_gemm, native, precision
 from kvcli.model.packed import PackedWeight
 from kvcli.model.precision import PrecisionError, fast_choice, resolve_precision
 from kvcli.sampling_params import SamplingParams
@@ -128,7 +128,9 @@ def test_fast_keeps_quantized_weights_their_own_format(tiny_models, monkeypatch)
     assert (chosen.weights, chosen.quantization, chosen.exact) == ("float32", "int8", False)
     llm = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
     label = llm.engine.runner.backend.describe()["precision"]
-    assert label.startswith("fast: int8 weights, float32 activations"), label
+    acts = ("int8 activations per 32 values" if native.qint_available(native.load())
+            else "float32 activations")
+    assert label.startswith(f"fast: int8 weights, {acts}"), label
     assert not resolve_precision("exact", None, "cpu", quantization="gguf").exact
 
 

@@ -22,11 +22,13 @@ from tiny_models import make_tiny_gguf
 
 from kvcli.checkpoint.quant_modes import available_modes
 from kvcli.cli import main
+from kvcli.model import native
 from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
 from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.loader import load_model
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_file import read_gguf
+from kvcli.model.quant.int_weights import IntWeight
 from kvcli.model.quant.load import load_quantized
 from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
 
@@ -91,7 +93,7 @@ def test_gguf_mode_equals_the_converted_float32_model(quant_gguf, kvcli_home):
     assert got == want
     for a, b in zip(got_logits, want_logits, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
-    assert available_modes(model_dir) == ["int8", "gguf"]
+    assert available_modes(model_dir) == ["int8", "gguf", "gguf-int"]
 
 
 @torch.no_grad()
@@ -103,7 +105,14 @@ def _with_int8_rounded_weights(model):
     return model
 
 
-def test_int8_mode_computes_with_the_rounded_weights(tiny_models):
+def _no_integer_kernels() -> str:
+    raise ValueError("integer-activation kernels need an x86 CPU with AVX2, FMA and F16C")
+
+
+def test_int8_mode_computes_with_the_rounded_weights(tiny_models, monkeypatch):
+    """Where the CPU has no integer kernels, int8 keeps float32 activations: it is the float
+    model with its weights rounded."""
+    monkeypatch.setattr(native, "qint_variant", lambda lib: _no_integer_kernels())
     model_dir = tiny_models["llama-gqa"]
     quant = load_quantized(model_dir, "int8")
     assert all(isinstance(m.weight, QuantWeight) for m in quant.modules()
@@ -118,6 +127,24 @@ def test_int8_mode_computes_with_the_rounded_weights(tiny_models):
     _, exact = _greedy(load_model(model_dir), PROMPT[:20], 1)
     assert (got[0] - exact[0]).abs().max() < 0.1 * exact[0].abs().max()
     assert available_modes(model_dir) == ["int8"]
+
+
+def test_int8_mode_runs_the_integer_kernels(tiny_models, monkeypatch):
+    """With the integer kernels (any x86 CPU with AVX2), int8 is its float-activation path on
+    q8_0-rounded matmul inputs, to float32 rounding."""
+    model_dir = tiny_models["llama-gqa"]
+    quant = load_quantized(model_dir, "int8")
+    assert all(isinstance(m.weight, IntWeight) for m in quant.modules()
+               if type(m).__name__ in ("Linear", "QuantEmbedding"))
+    got_tokens, got = _greedy(quant, PROMPT[:20], 4)
+    monkeypatch.setattr(native, "qint_variant", lambda lib: _no_integer_kernels())
+    real_linear = QuantWeight.linear
+    monkeypatch.setattr(QuantWeight, "linear",
+                        lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
+    want_tokens, want = _greedy(load_quantized(model_dir, "int8"), PROMPT[:20], 4)
+    assert got_tokens == want_tokens
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_gguf_mode_needs_a_gguf_model(tiny_models):
@@ -142,6 +169,8 @@ def test_cli_quantization_modes(quant_gguf, tiny_models, tmp_path, kvcli_home):
     float_run = _generate(tmp_path, "--model", str(quant_gguf))
     gguf_run = _generate(tmp_path, "--model", str(quant_gguf), "--quantization", "gguf")
     assert [r["token_ids"] for r in gguf_run] == [r["token_ids"] for r in float_run]
+    int_run = _generate(tmp_path, "--model", str(quant_gguf), "--quantization", "gguf-int")
+    assert [r["token_ids"] for r in int_run] == [r["token_ids"] for r in gguf_run]
     int8_run = _generate(tmp_path, "--model", str(tiny_models["llama"]), "--quantization", "int8")
     assert [len(r["token_ids"]) for r in int8_run] == [8, 8]
     res = CliRunner().invoke(main, ["generate", "-", "--model", str(tiny_models["llama"]),
@@ -154,10 +183,10 @@ def test_models_lists_the_quantization_modes(quant_gguf, tiny_models, kvcli_home
     assert runner.invoke(main, ["models", "convert", str(quant_gguf)]).exit_code == 0
     listed = json.loads(runner.invoke(main, ["models", "--json"]).output)["models"]
     converted = [m for m in listed if m["source"] == str(quant_gguf)]
-    assert [m["quantization"] for m in converted] == [["int8", "gguf"]]
+    assert [m["quantization"] for m in converted] == [["int8", "gguf", "gguf-int"]]
     table = runner.invoke(main, ["models"]).output.splitlines()
     assert table[0].split()[:3] == ["NAME", "SIZE", "QUANTIZATION"]
-    assert any("int8,gguf" in line for line in table[1:])
+    assert any("int8,gguf,gguf-int" in line for line in table[1:])
 
 
 def test_tensor_directory_matches_gguf_reader(quant_gguf, tmp_path):
@@ -189,3 +218,44 @@ def test_default_model_gguf_mode_equals_float32(default_model_dir):
     assert got == want
     assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-4)
                for a, b in zip(got_logits, want_logits, strict=True))
+
+
+
+def _q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as gguf-int rounds a matmul's input: the kernels' own q8_0 quantizer
+    (tests/test_qint_kernels.py checks it against the formula), de-quantized."""
+    flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+    rows, k = flat.shape
+    q = torch.empty((rows, k), dtype=torch.int8)
+    d, s = torch.empty((rows, k // 32)), torch.empty((rows, k // 32))
+    native.load().kvcli_qint_quantize(flat.data_ptr(), q.data_ptr(), d.data_ptr(), s.data_ptr(),
+                                      rows, k)
+    return (q.reshape(rows, -1, 32).float() * d[..., None]).reshape(x.shape)
+
+
+def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monkeypatch):
+    """gguf-int is the gguf model whose every matmul input is rounded to q8_0 first: logits
+    agree to float32 rounding (measured: max |delta| ~2e-6 of logits ~5), greedy tokens are
+    equal, and both stay near gguf's float activations."""
+    model_dir = resolve_model(str(quant_gguf), quantization="gguf-int")
+    model = load_quantized(model_dir, "gguf-int")
+    assert {type(m.weight) for m in model.modules()
+            if type(m).__name__ in ("Linear", "QuantEmbedding")} == {IntWeight}
+    assert "int8 activations, " in model.routes.describe()["matmul"]
+    got, got_logits = _greedy(model, PROMPT, 6)
+    _, float_logits = _greedy(load_quantized(model_dir, "gguf"), PROMPT, 6)
+    real_linear = QuantWeight.linear
+    monkeypatch.setattr(QuantWeight, "linear",
+                        lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
+    want, want_logits = _greedy(load_quantized(model_dir, "gguf"), PROMPT, 6)
+    assert got == want
+    for a, b, f in zip(got_logits, want_logits, float_logits, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        assert (a - f).abs().max() < 0.1 * f.abs().max()  # as int8 weights above
+
+
+def test_gguf_int_without_native_kernels_is_a_clear_error(quant_gguf, monkeypatch, kvcli_home):
+    monkeypatch.setattr(native, "load", lambda: None)  # no C compiler
+    res = CliRunner().invoke(main, ["generate", "-", "--model", str(quant_gguf),
+                                    "--quantization", "gguf-int"], input='{"prompt": "hi"}\n')
+    assert res.exit_code == 2 and "gguf-int needs the native kernels" in res.output

@@ -27,7 +27,7 @@ def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
     from kvcli.paths import file_digests_dir
 
     root = open_cache_dir(cache_dir, create=False)
-    if quantization == "gguf":  # generate runs a GGUF spec from its own directory (no conversion)
+    if quantization in ("gguf", "gguf-int"):  # a GGUF spec runs from its own directory
         from kvcli.checkpoint.resolve import resolve_model
 
         model_dir = resolve_model(label or None, quiet=True, quantization="gguf")

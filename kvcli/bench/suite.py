@@ -13,7 +13,7 @@ from kvcli.engine.config import EngineConfig
 _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 # kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
-QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-int8": "int8"}
+QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
 # kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
 # kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.

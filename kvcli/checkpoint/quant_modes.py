@@ -11,7 +11,9 @@ from pathlib import Path
 from kvcli.checkpoint.convert import read_record
 from kvcli.checkpoint.gguf_meta import linked_gguf
 
-MODES = ("int8", "gguf")
+MODES = ("int8", "gguf", "gguf-int")
+# The modes that run a GGUF file's own tensors (gguf-int: repacked for the integer kernels).
+GGUF_MODES = ("gguf", "gguf-int")
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -26,7 +28,7 @@ def gguf_source(model_dir: Path) -> Path | None:
 
 
 def available_modes(model_dir: Path | None, gguf_file: Path | None = None) -> list[str]:
-    """What ``--quantization`` accepts for a model: int8 for any loadable model, gguf where a
-    GGUF file is behind it."""
+    """What ``--quantization`` accepts for a model: int8 for any loadable model, gguf and
+    gguf-int where a GGUF file is behind it."""
     has_gguf = gguf_file is not None or (model_dir is not None and gguf_source(model_dir))
-    return ["int8", "gguf"] if has_gguf else ["int8"]
+    return ["int8", *GGUF_MODES] if has_gguf else ["int8"]

@@ -173,7 +173,8 @@ def resolve_model(spec: str | None = None, allow_pickle: bool = False,
     `quiet`: no conversion or download progress on stderr; `quantization`: the weights the
     engine will run (``gguf``: a GGUF spec is not converted); `write_tensors`: a GGUF
     conversion's torch step (kvcli.model.gguf_convert.resolve_model passes it)."""
-    if quantization == "gguf" and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
+    gguf_mode = quantization in ("gguf", "gguf-int")
+    if gguf_mode and (found := _gguf_mode_dir(spec, home, quiet)) is not None:
         return found
     if spec is None or spec == DEFAULT_MODEL_NAME:
         return ensure_default_model(home, quiet, write_tensors)

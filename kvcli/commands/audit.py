@@ -114,7 +114,7 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
 )
 @click.option(
     "--quantization",
-    type=click.Choice(["int8", "gguf"]),
+    type=click.Choice(["int8", "gguf", "gguf-int"]),
     default=None,
     help="With --kv-cache-dir: the generate run's --quantization (the blocks are keyed by it).",
 )

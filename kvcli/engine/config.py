@@ -25,7 +25,7 @@ DTYPE_CHOICES = (*DTYPES, "auto")  # auto: the checkpoint's dtype where it is fa
 PRECISIONS = ("exact", "fast")
 # auto: what the model computes in; int8: kvcli/model/attention/native_int8.py (kv_cache.py)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
-QUANTIZATIONS = ("int8", "gguf")
+QUANTIZATIONS = ("int8", "gguf", "gguf-int")
 SCHEDULINGS = ("fcfs", "cache-aware")
 
 
@@ -101,8 +101,11 @@ class EngineConfig:
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     quantization: str | None = option(  # weights of kvcli/model/quant; None: float
         None, choices=QUANTIZATIONS,
-        help="Quantized weights on CPU: int8 (per output channel, quantized at load) or gguf (a "
-             "GGUF model's own tensor types, memory-mapped). Default: float.")
+        help="Quantized weights on CPU: int8 (per output channel, quantized at load; integer "
+             "dot products where the CPU has AVX2), gguf (a "
+             "GGUF model's own tensor types, memory-mapped) or gguf-int (the same weights "
+             "repacked, activations quantized to int8 per 32 values, integer dot products; "
+             "Q4_0, Q4_1, Q8_0). Default: float.")
     kv_cache_dir: str | None = option(  # persistent prefix cache on disk (kvcli/kvstore)
         None, parse="kv_cache_dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR",
         help="Persistent prefix cache: full KV blocks are kept in DIR across runs and processes, "

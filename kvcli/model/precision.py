@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcli.model import large_gemm
+from kvcli.model import large_gemm, native
 
 # The choices of EngineConfig's dtype and precision (engine/config.py, which the model layer
 # may not import; tests/test_precision.py keeps them equal).
@@ -54,13 +54,21 @@ class Precision:
     @property
     def label(self) -> str:
         """``exact: float32 weights (why)``, for the backend report."""
-        weights = (f"{self.quantization} weights, float32 activations" if self.quantization
-                   else f"{self.weights} weights")
+        weights = (f"{self.quantization} weights, {_activations(self.quantization)}"
+                   if self.quantization else f"{self.weights} weights")
         return f"{self.preset}: {weights} ({self.reason})"
 
     def describe(self) -> dict[str, str]:
         """For ``--stats``, the bench JSON and ``Backend.describe()``."""
         return {"precision": self.preset, "weights": self.weights, "why": self.reason}
+
+
+def _activations(quantization: str) -> str:
+    """What a quantized model's matmuls multiply its weights with (quant/apply.py decides)."""
+    if quantization == "gguf-int" or (quantization == "int8" and native.qint_available(
+            native.load())):
+        return "int8 activations per 32 values"
+    return "float32 activations"
 
 
 def cpu_flags() -> set[str]:
@@ -86,8 +94,8 @@ def check_dtype(dtype: str, device: str) -> None:
 
 def fast_choice(device: str, quantization: str | None = None) -> Precision:
     """The fastest measured combination on this machine: the one place ``--precision fast`` is
-    decided (the integer kernels join here when they land). Quantized weights
-    (``--quantization``) are their own format: fast keeps their float32 activations."""
+    decided. Quantized weights (``--quantization``) are their own format, with their own
+    activations (float32; int8 for gguf-int, and for int8 where the integer kernels run)."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)

@@ -62,6 +62,9 @@ class KernelRoutes:
     qgemm_max_rows: int  # quantized matmuls up to this many rows run in registers (qgemm.c)
     large_gemm: str  # "mkl" | "onednn": float32 matmuls past the native kernel's rows
     weights: torch.dtype = torch.float32  # the model's matmul weights (Platform.weights)
+    # --quantization gguf-int / int8: the integer matmul variant its weights run
+    # (native.qint_variant, chosen once per model when they are packed); "" for other models.
+    int_matmul: str = ""
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -129,6 +132,9 @@ class KernelRoutes:
             name = str(self.weights).removeprefix("torch.")
             matmul = (f"{name} weights pre-packed for torch's oneDNN (model/packed.py; "
                       "float32 sums and activations)")
+        if self.int_matmul:
+            matmul = (f"quantized weights: int8 activations, {self.int_matmul} (every row count); "
+                      f"float weights: {matmul}")
         return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}
 
 

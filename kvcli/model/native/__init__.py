@@ -26,13 +26,14 @@ log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
-                          "elementwise.c", "qgemm.c", "paged_attention_int8.c",
+                          "elementwise.c", "qgemm.c", "qint.c", "paged_attention_int8.c",
                           "prefill_attention_int8.c", "paged_attention_bf16.c",
                           "prefill_attention_bf16.c"))
 # Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
 # once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "kv_int8.h",
-                                                      "kv_rows.h", "paged_attention_kv.c"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "qint_kernel.h",
+                                                      "kv_int8.h", "kv_rows.h",
+                                                      "paged_attention_kv.c"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
@@ -144,7 +145,52 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qgemm.argtypes = [I64, F32P, F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_qdequant.argtypes = [I64, F32P, F32P, I64P, F32P, *[I64] * 3]
     lib.kvcli_qgemm.restype = lib.kvcli_qdequant.restype = ctypes.c_int
+    # Integer-activation matmuls (qint.c; kvcli/model/quant/int_weights.py).
+    lib.kvcli_qint_gemm.argtypes = [I64, I64, F32P, F32P, F32P, F32P, *[I64] * 4]
+    lib.kvcli_qint_pack.argtypes = [I64, F32P, F32P, F32P, I64, I64]
+    lib.kvcli_qint_packed_bytes.argtypes = [I64, I64, I64]
+    lib.kvcli_qint_quantize.argtypes = [F32P, F32P, F32P, F32P, I64, I64]
+    lib.kvcli_qint_gemm.restype = lib.kvcli_qint_pack.restype = ctypes.c_int
+    lib.kvcli_qint_packed_bytes.restype = lib.kvcli_qint_variants.restype = I64
+    lib.kvcli_qint_quantize.restype = None
     return lib
+
+
+# The integer matmul's variants (qint.c's index) and the /proc/cpuinfo flags each needs, best
+# first. KVCLI_NATIVE_ISA=avx2 stands for an AVX2-only CPU (Zen 3), so it gets the AVX2 one.
+QINT_VARIANTS = {"avx512-vnni": (0, ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+                 "avx-vnni": (1, ("avx2", "fma", "f16c", "avx_vnni")),
+                 "avx2": (2, ("avx2", "fma", "f16c"))}
+
+
+def qint_available(lib: ctypes.CDLL | None) -> bool:
+    """Whether the integer matmul kernels run here (``--quantization int8`` takes them then)."""
+    try:
+        return lib is not None and bool(qint_variant(lib))
+    except ValueError:
+        return False
+
+
+def qint_variant(lib: ctypes.CDLL) -> str:
+    """The integer matmul variant for this CPU: KVCLI_QINT_ISA if set (ValueError when the
+    CPU lacks it), else the best the CPU's flags allow. ValueError: none (not x86 AVX2)."""
+    cpu = set(_cpu_flags().split())
+    runs = [name for name, (index, needs) in QINT_VARIANTS.items()
+            if index < lib.kvcli_qint_variants() and set(needs) <= cpu]
+    if os.environ.get("KVCLI_NATIVE_ISA") == "avx2":
+        runs = [name for name in runs if name == "avx2"]
+    wanted = os.environ.get("KVCLI_QINT_ISA")
+    if wanted:
+        if wanted not in QINT_VARIANTS:
+            raise ValueError(f"KVCLI_QINT_ISA={wanted!r}: expected one of "
+                             f"{', '.join(QINT_VARIANTS)}")
+        if wanted not in runs:
+            raise ValueError(f"KVCLI_QINT_ISA={wanted}: this CPU (or build) cannot run it; it "
+                             f"runs {', '.join(runs) or 'none'}")
+        return wanted
+    if not runs:
+        raise ValueError("integer-activation kernels need an x86 CPU with AVX2, FMA and F16C")
+    return runs[0]
 
 
 def num_threads() -> int:

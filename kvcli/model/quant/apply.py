@@ -8,15 +8,18 @@ is also the tied output layer. Norms stay float32, and so do activations and the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from kvcli.model.layers import Embedding, Linear
+from kvcli.model import native
+from kvcli.model.layers import Embedding, Linear, install_routes
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_weights
+from kvcli.model.quant.int_weights import IntWeight, pack
 from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 
 
@@ -31,7 +34,7 @@ class QuantEmbedding(nn.Module):
         return self.weight.dequantize(ids).reshape(*ids.shape, self.weight.shape[1])
 
 
-def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight) -> None:
+def _set_linear_weight(linear: Linear, weight: QuantWeight | StackedWeight | IntWeight) -> None:
     del linear.weight  # drop the float Parameter: the float32 matrix is freed with it
     linear.weight = weight
 
@@ -42,7 +45,7 @@ def _finish(model: nn.Module) -> nn.Module:
     for module in model.modules():
         weight = getattr(module, "weight", None)
         for part in weight.parts if isinstance(weight, StackedWeight) else [weight]:
-            if isinstance(part, QuantWeight):
+            if isinstance(part, QuantWeight | IntWeight):
                 part.routes = routes
     # The fused one-row NumPy decoder (decode-1 steps) is rebuilt on the quantized weights: it
     # sees them through NumpyView, so its matmuls run the quantized kernel.
@@ -61,6 +64,8 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     embed = getattr(inner, "embed_tokens", None)
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
+    if native.qint_available(model.routes.native):  # else float32 activations (qgemm.c, torch)
+        _pack_model(model)
     return _finish(model)
 
 
@@ -74,9 +79,35 @@ def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
     return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
 
 
+def _pack_model(model: nn.Module) -> None:
+    """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
+    the model's routes then name (chosen here, once, from the CPU's flags)."""
+    lib = model.routes.native
+    if lib is None:
+        raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
+                         "KVCLI_NATIVE not 0, CPU float32)")
+    try:
+        routes = replace(model.routes, int_matmul=native.qint_variant(lib))
+    except ValueError as err:
+        raise QuantError(f"--quantization gguf-int: {err}") from None
+    model.routes = routes
+    install_routes(model, routes)
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, StackedWeight):
+            weight.parts = [pack(p, routes) for p in weight.parts]
+        elif isinstance(weight, QuantWeight):
+            packed = pack(weight, routes, keep_source=isinstance(module, QuantEmbedding))
+            if isinstance(module, QuantEmbedding):
+                module.weight = packed
+            else:
+                _set_linear_weight(module, packed)
+
+
 @torch.no_grad()
-def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
-    """Fill an empty model (``loader.build_model``) from the GGUF at ``path``."""
+def load_gguf_model(model: nn.Module, path: Path, integer: bool = False) -> nn.Module:
+    """Fill an empty model (``loader.build_model``) from the GGUF at ``path``; ``integer``:
+    repacked for the integer-activation kernels (``--quantization gguf-int``)."""
     params = dict(model.named_parameters())
     pending: dict[str, dict[int, QuantWeight]] = {}
     loaded: set[str] = set()
@@ -105,6 +136,8 @@ def load_gguf_model(model: nn.Module, path: Path) -> nn.Module:
     missing = sorted(set(params) - loaded)
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
+    if integer:
+        _pack_model(model)
     model = _finish(model)
     weights.release_pages()
     return model

@@ -27,9 +27,10 @@ def load_quantized(model_dir: Path, mode: str, dtype: torch.dtype | None = None,
     else:
         source = gguf_source(model_dir)
         if source is None:
-            raise QuantError(f"--quantization gguf: {model_dir} was not converted from a GGUF "
+            raise QuantError(f"--quantization {mode}: {model_dir} was not converted from a GGUF "
                              "file (use --model FILE.gguf or the default model, or --quantization "
                              "int8)")
-        model = load_gguf_model(build_model(read_model_config(model_dir), dtype, device), source)
+        model = load_gguf_model(build_model(read_model_config(model_dir), dtype, device), source,
+                                integer=mode == "gguf-int")
     release_free_heap()  # the float32 matrices (int8) or the unstacked q/k rows (gguf)
     return model.eval()

@@ -1,0 +1,217 @@
+/* y[M, N] = x[M, K] @ W[N, K]^T (+ bias) in integer arithmetic (--quantization gguf-int): the
+ * activations are quantized on the fly to int8, one float scale per 32 values (llama.cpp's
+ * q8_0: d = max|x| / 127, q = round(x / d)), and each 32-value block's dot product with the
+ * weights' bytes is summed in int32 by the CPU's byte dot-product instructions.
+ *
+ * Weights (Q4_0, Q4_1, Q8_0; kvcli's per-channel int8, I8) are repacked once at load (kvcli_qint_pack): 16 output channels
+ * interleaved per 32-value block, each channel's 4 consecutive weights in one 32-bit lane, so a
+ * register of weight bytes meets one broadcast 4-byte group of activations per instruction (the
+ * idea of llama.cpp's Q4_0 8x8 repacking). Per (group of 16 channels, block) one tile:
+ *   Q4_0 / Q4_1: 4 x 64 bytes of nibbles (vector j: k-group j in the low nibbles, j + 4 in the
+ *                high ones), 16 fp16 scales d, Q4_1 also 16 fp16 minima m
+ *   Q8_0:        8 x 64 bytes of w + 128, 16 fp16 scales
+ *   I8:          as Q8_0 with 16 float32 scales (each channel's, in every block)
+ * Channels past N (the last group) are zero blocks. With the weights' bytes unsigned (u) and
+ * w = d * (u - off) + m, a block contributes dx * (d * sum(u * qx) + (m - off * d) * sum(qx)):
+ * the activations' per-block sums are kept beside their scales. Outputs differ from the float
+ * product of the de-quantized weights only by the activations' rounding (and float32 sums).
+ *
+ * The variant (AVX512-VNNI, AVX-VNNI, AVX2) is an argument: every one is compiled with its own
+ * target attributes, whatever -march the rest of the library has, and Python picks the one the
+ * CPU has (kvcli/model/native/__init__.py, qint_variant), so all three are testable here.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, I8 = 24 }; /* I8: kvcli int8 rows, a float scale per row */
+#define GROUP 16 /* output channels per packed tile */
+
+static inline int is_byte(const int type) { return type == Q8_0 || type == I8; }
+static inline int64_t qs_bytes(const int type) { return is_byte(type) ? 512 : 256; }
+/* I8's scales stay float32 (16 x 4 bytes): its per-channel scale is not an fp16. */
+static inline int64_t tile_bytes(const int type) {
+    return qs_bytes(type) + (type == Q4_1 || type == I8 ? 64 : 32);
+}
+static inline int64_t src_block_bytes(const int type) {
+    return type == I8 ? 32 : type == Q8_0 ? 34 : type == Q4_1 ? 20 : 18;
+}
+static int known(const int64_t type) {
+    return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == I8;
+}
+
+/* Packed bytes of an N x K weight (kvcli_qint_pack's output size). */
+int64_t kvcli_qint_packed_bytes(int64_t type, int64_t N, int64_t K) {
+    if (!known(type) || K % 32) return -1;
+    return (N + GROUP - 1) / GROUP * (K / 32) * tile_bytes((int)type);
+}
+
+/* One source block's 32 unsigned weight bytes (Q4: nibbles in element order; Q8_0, I8: w + 128). */
+static void source_bytes(const int type, const uint8_t *blk, uint8_t *u) {
+    if (is_byte(type)) {
+        const int at = type == Q8_0 ? 2 : 0;
+        for (int j = 0; j < 32; j++) u[j] = (uint8_t)((int)(int8_t)blk[at + j] + 128);
+        return;
+    }
+    const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
+    for (int j = 0; j < 16; j++) {
+        u[j] = qs[j] & 15;
+        u[j + 16] = qs[j] >> 4;
+    }
+}
+
+/* scale: I8's float32 per row (NULL for the GGUF types, whose scales are in their blocks). */
+int kvcli_qint_pack(int64_t type, const uint8_t *src, const float *scale, uint8_t *dst, int64_t N,
+                    int64_t K) {
+    if (kvcli_qint_packed_bytes(type, N, K) < 0 || (type == I8 && !scale)) return -1;
+    const int t = (int)type;
+    const int64_t kb = K / 32, tb = tile_bytes(t), qsb = qs_bytes(t), bb = src_block_bytes(t);
+    memset(dst, 0, (size_t)kvcli_qint_packed_bytes(type, N, K));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b < kb; b++) {
+            const uint8_t *blk = src + (n * kb + b) * bb;
+            uint8_t *tile = dst + ((n / GROUP) * kb + b) * tb;
+            const int c = (int)(n % GROUP);
+            uint8_t u[32];
+            source_bytes(t, blk, u);
+            for (int k = 0; k < 32; k++) {
+                const int kg = k / 4, at = c * 4 + k % 4;
+                if (is_byte(t))
+                    tile[kg * 64 + at] = u[k];
+                else
+                    tile[(kg & 3) * 64 + at] |= (uint8_t)(u[k] << (kg < 4 ? 0 : 4));
+            }
+            if (t == I8)
+                memcpy(tile + qsb + c * 4, scale + n, 4);
+            else
+                memcpy(tile + qsb + c * 2, blk, 2);
+            if (t == Q4_1) memcpy(tile + qsb + 32 + c * 2, blk + 2, 2);
+        }
+    return 0;
+}
+
+/* Rows [r0, r1) of x to int8 blocks: q, d (scale), s (d * sum of the block's q). */
+static void quantize_rows(const float *x, int8_t *q, float *d, float *s, int64_t r0, int64_t r1,
+                          int64_t K) {
+    for (int64_t blk = r0 * (K / 32); blk < r1 * (K / 32); blk++) {
+        const float *v = x + blk * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int qj = (int)rintf(v[j] * inv);
+            q[blk * 32 + j] = (int8_t)qj;
+            sum += qj;
+        }
+        d[blk] = scale;
+        s[blk] = scale * (float)sum;
+    }
+}
+
+typedef struct {
+    const float *x;
+    int8_t *q;
+    float *d, *s;
+    int64_t M, K;
+} quant_args;
+
+static void quant_part(const void *args, int64_t t, int64_t n) {
+    const quant_args *a = (const quant_args *)args;
+    quantize_rows(a->x, a->q, a->d, a->s, a->M * t / n, a->M * (t + 1) / n, a->K);
+}
+
+/* The activations' quantization alone (tests compare the kernel against it). */
+void kvcli_qint_quantize(const float *x, int8_t *q, float *d, float *s, int64_t M, int64_t K) {
+    quantize_rows(x, q, d, s, 0, M, K);
+}
+
+typedef struct {
+    const int8_t *q;
+    const float *d, *s, *bias;
+    const uint8_t *w;
+    float *y;
+    int64_t M, N, K;
+} qint_args;
+
+static inline uint32_t load32(const int8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Groups per chunk: ~32 KB of packed weights, which a row tile then meets group by group. */
+static inline int64_t chunk_groups(const int type, const int64_t K) {
+    const int64_t per = K / 32 * tile_bytes(type);
+    return per >= 32768 ? 1 : 32768 / per;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define QINT_VARIANTS 3
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#define QV 0
+#include "qint_kernel.h"
+#undef QV
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avxvnni,avx2,fma,f16c")
+#define QV 1
+#include "qint_kernel.h"
+#undef QV
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define QV 2
+#include "qint_kernel.h"
+#undef QV
+#pragma GCC pop_options
+
+static task_fn part_fn(int64_t variant, int64_t type) {
+    static const task_fn fns[3][4] = {
+        {part_q4_0_vnni512, part_q4_1_vnni512, part_q8_0_vnni512, part_i8_vnni512},
+        {part_q4_0_avxvnni, part_q4_1_avxvnni, part_q8_0_avxvnni, part_i8_avxvnni},
+        {part_q4_0_avx2, part_q4_1_avx2, part_q8_0_avx2, part_i8_avx2}};
+    return fns[variant][type == Q4_0 ? 0 : type == Q4_1 ? 1 : type == Q8_0 ? 2 : 3];
+}
+#else
+#define QINT_VARIANTS 0
+static task_fn part_fn(int64_t variant, int64_t type) {
+    (void)variant, (void)type;
+    return 0;
+}
+#endif
+
+/* How many variants this build has (0: none, not x86): 0 AVX512-VNNI, 1 AVX-VNNI, 2 AVX2. */
+int64_t kvcli_qint_variants(void) { return QINT_VARIANTS; }
+
+/* Rows at least this many quantize their activations on the pool too. */
+#define QUANT_PARALLEL_ROWS 16
+
+/* Returns 0; -1 for a type, shape or variant this kernel lacks; -2 out of memory. The caller
+ * must pick a variant the CPU runs. */
+int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t *w,
+                    const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                    int64_t threads) {
+    if (!known(type) || K % 32 || variant < 0 || variant >= QINT_VARIANTS) return -1;
+    const int64_t kb = K / 32;
+    /* one allocation: q (M x K bytes, rounded to 64) then d and s (M x K/32 floats each) */
+    const size_t qbytes = ((size_t)(M * K) + 63) / 64 * 64;
+    uint8_t *scratch = aligned_alloc(64, qbytes + (size_t)(2 * M * kb) * sizeof(float) + 64);
+    if (!scratch) return -2;
+    int8_t *q = (int8_t *)scratch;
+    float *d = (float *)(scratch + qbytes), *s = d + M * kb;
+    const quant_args qa = {x, q, d, s, M, K};
+    kvcli_parallel(quant_part, &qa, M >= QUANT_PARALLEL_ROWS ? threads : 1, 0);
+    const qint_args a = {q, d, s, bias, w, y, M, N, K};
+    const int64_t groups = (N + GROUP - 1) / GROUP;
+    if (threads > groups) threads = groups;
+    kvcli_parallel(part_fn(variant, type), &a, threads,
+                   M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    free(scratch);
+    return 0;
+}

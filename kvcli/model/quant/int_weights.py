@@ -1,0 +1,90 @@
+"""Integer-activation matmuls (qint.c): ``--quantization gguf-int``'s GGUF weights and
+``--quantization int8``'s per-channel int8 ones, repacked for them.
+
+Each Q4_0 / Q4_1 / Q8_0 / int8 matrix is repacked once at load into the kernel's interleaved layout
+(16 output channels per tile); every matmul, whatever its row count (decode-1, batched decode,
+prefill), quantizes its activations to int8 per 32 values and sums in integer arithmetic with
+the instruction-set variant the model's routes chose (``KernelRoutes.int_matmul``). Only the
+embedding keeps its GGUF bytes too, for its row look-ups; the other source matrices are dropped
+(they are views of the memory-mapped file, so nothing is copied for them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvcli.model import native
+from kvcli.model.quant import QuantError
+from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantWeight, _AsArray
+from kvcli.model.routes import KernelRoutes
+
+INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", I8: "int8"}
+_TYPE_NAMES = {12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+
+@dataclass(eq=False)
+class IntWeight(_AsArray):
+    """``[out, in]`` weights in qint.c's packed layout (uint8, padded to 16 channels)."""
+
+    kind: int
+    packed: torch.Tensor
+    shape: tuple[int, int]
+    variant: int  # qint.c's index of the routes' variant (native.QINT_VARIANTS)
+    source: QuantWeight | None = None  # kept for row look-ups (the embedding) only
+    routes: KernelRoutes | None = field(default=None, repr=False)
+
+    dtype = torch.float32
+    device = torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + (self.source.nbytes if self.source is not None else 0)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
+               routes: KernelRoutes | None = None) -> torch.Tensor:
+        """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``, every row count."""
+        lib = (routes or self.routes).native  # type: ignore[union-attr]
+        lead, (out_features, in_features) = x.shape[:-1], self.shape
+        x2 = x.reshape(-1, in_features).float().contiguous()
+        y = x2.new_empty((x2.shape[0], out_features))
+        b = None if bias is None else bias.float().contiguous()
+        status = lib.kvcli_qint_gemm(self.variant, self.kind, x2.data_ptr(), self.packed.data_ptr(),
+                                     None if b is None else b.data_ptr(), y.data_ptr(),
+                                     x2.shape[0], out_features, in_features, native.num_threads())
+        if status == -2:
+            raise MemoryError("integer matmul: out of memory for the quantized activations")
+        if status:
+            raise QuantError(f"integer matmul: kernel refused {INT_TYPES[self.kind]} {self.shape}")
+        return y.reshape(*lead, out_features)
+
+    def dequantize(self, rows: torch.Tensor | None = None,
+                   routes: KernelRoutes | None = None) -> torch.Tensor:
+        """Rows of the de-quantized matrix (the embedding's look-ups), from the GGUF bytes."""
+        if self.source is None:
+            raise QuantError("gguf-int: this matrix keeps only its packed form")
+        return self.source.dequantize(rows, routes or self.routes)
+
+
+def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False) -> IntWeight:
+    """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant)."""
+    if weight.kind not in INT_TYPES:
+        name = _TYPE_NAMES.get(weight.kind, f"GGML type {weight.kind}")
+        raise QuantError(f"--quantization gguf-int runs Q4_0, Q4_1 and Q8_0 weights; this model "
+                         f"has {name} (use --quantization gguf)")
+    lib = routes.native
+    if lib is None or not routes.int_matmul:
+        raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
+                         "KVCLI_NATIVE not 0) on an x86 CPU with AVX2")
+    out_features, in_features = weight.shape
+    size = lib.kvcli_qint_packed_bytes(weight.kind, out_features, in_features)
+    packed = torch.empty(size, dtype=torch.uint8)
+    scale = None if weight.scale is None else weight.scale.float().contiguous()
+    if lib.kvcli_qint_pack(weight.kind, weight.data.data_ptr(),
+                           None if scale is None else scale.data_ptr(), packed.data_ptr(),
+                           out_features, in_features):
+        raise QuantError(f"gguf-int: cannot repack {INT_TYPES[weight.kind]} {weight.shape}")
+    variant = native.QINT_VARIANTS[routes.int_matmul][0]
+    return IntWeight(weight.kind, packed, weight.shape, variant,
+                     weight if keep_source else None, routes)
