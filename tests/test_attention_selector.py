@@ -17,7 +17,9 @@ from kvcli.model.attention import (
     torch_prefill_cascade,
 )
 from kvcli.model.attention.cuda import TorchDeviceBackend
+from kvcli.model.attention.native_bf16 import NativeBF16Backend
 from kvcli.model.attention.native_cpu import NativeCPUBackend
+from kvcli.model.attention.native_int8 import INT8_STORAGE, NativeInt8Backend
 from kvcli.model.attention.softcap import SoftcapBackend
 from kvcli.model.attention.torch_sdpa import TorchSDPABackend
 from kvcli.model.platform import Platform, detect_platform
@@ -38,6 +40,26 @@ def platform(device: str = "cpu", dtype: torch.dtype = torch.float32, lib: objec
 def test_cpu_float32_with_kernels_takes_the_native_backend() -> None:
     assert type(selector.select_attention_backend(platform(lib=native.load()), PLAIN)) \
         is NativeCPUBackend
+
+
+def test_an_int8_cache_takes_its_native_backend_or_is_refused() -> None:
+    chosen = selector.select_attention_backend(platform(dtype=INT8_STORAGE, lib=object()), PLAIN)
+    assert type(chosen) is NativeInt8Backend and "int8" in chosen.decode
+    for plat, layers, why in [(platform(dtype=INT8_STORAGE), PLAIN, "needs the native CPU"),
+                              (platform("cuda", INT8_STORAGE), PLAIN, "CPU only"),
+                              (platform(dtype=INT8_STORAGE, lib=object()), CAPPED, "soft-capped")]:
+        with pytest.raises(ValueError, match=f"--kv-cache-dtype int8: .*{why}"):
+            selector.select_attention_backend(plat, layers)
+
+
+def test_a_bfloat16_cache_under_a_float32_model_takes_its_native_backend() -> None:
+    bf16 = platform(dtype=torch.bfloat16, lib=object())
+    chosen = selector.select_attention_backend(bf16, PLAIN, torch.float32)
+    assert type(chosen) is NativeBF16Backend and "bfloat16" in chosen.decode
+    assert type(selector.select_attention_backend(bf16, PLAIN, torch.bfloat16)) \
+        is not NativeBF16Backend  # a bfloat16 model's own cache: not a converted one
+    with pytest.raises(ValueError, match="--kv-cache-dtype bfloat16: needs the native CPU"):
+        selector.select_attention_backend(platform(dtype=torch.bfloat16), PLAIN, torch.float32)
 
 
 @pytest.mark.parametrize("plat", [platform(), platform(dtype=torch.bfloat16, lib=object())],

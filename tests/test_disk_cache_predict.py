@@ -45,3 +45,21 @@ def test_the_directory_predicts_generates_cached_tokens(tiny_models, kvcli_home,
     second.engine.close()
     assert [o.num_cached_tokens for o in outs] == predicted
     assert outs[0].num_disk_cached_tokens > 0
+
+
+def test_an_int8_runs_directory_is_found_with_its_kv_dtype_only(tiny_models, kvcli_home, tmp_path):
+    """The torch-free fingerprint keys by --kv-cache-dtype as the engine's does (the audit's
+    `--kv-cache-dtype int8 --kv-cache-dir`): int8 blocks under the int8 key, none under float32's."""
+    model, kv = tiny_models["llama"], tmp_path / "kv"
+    llm = LLM(str(model), block_size=BS, kv_cache_dir=str(kv), kv_cache_dtype="int8")
+    llm.generate([SYSTEM + "The fox went"], SamplingParams(max_tokens=6, ignore_eos=True))
+    llm.engine.close()
+    ids = llm.engine.tokenizer.encode(SYSTEM + "The fox went", add_special_tokens=True)
+    hashes = hash_token_blocks(ids, BS)
+    digests = kvcli_home / "file-digests"
+    cfg = llm.engine.model.config
+    int8 = open_model_store(kv, model_fingerprint(cfg, model, "float32", "cpu", BS,
+                                                  digest_cache=digests, kv_cache_dtype="int8"))
+    f32 = open_model_store(kv, model_fingerprint(cfg, model, "float32", "cpu", BS,
+                                                 digest_cache=digests))
+    assert hashes[0] in int8 and hashes[0] not in f32

@@ -30,8 +30,9 @@ COMMAND_OPTIONS = {
     "generate": set(ALL_ENGINE_OPTIONS),
     "serve": set(ALL_ENGINE_OPTIONS),
     "perplexity": {"model", "quantization", "max_num_batched_tokens", "precision", "dtype",
-                   "device"},
-    "bench": {"model", "quantization", "max_num_batched_tokens", "precision", "dtype"},
+                   "kv_cache_dtype", "device"},
+    "bench": {"model", "quantization", "max_num_batched_tokens", "precision", "dtype",
+              "kv_cache_dtype"},
 }
 
 
@@ -111,7 +112,7 @@ def test_parsed_options_round_trip_to_the_same_engine_config(command: str,
         model=str(tmp_path), chat_template="{{ messages }}", block_size=4, num_blocks=9,
         kv_cache_memory=3 << 20, max_num_batched_tokens=99, max_num_seqs=3,
         enable_prefix_caching=False, scheduling="cache-aware", device="cuda:1", dtype="bfloat16",
-        precision="fast",
+        precision="fast", kv_cache_dtype="int8",
         allow_pickle=True, quantization="int8", kv_cache_dir=str(tmp_path / "kv"),
         kv_cache_dir_max_bytes=5 << 20, kv_cache_dir_insecure=True,
         structured_compile_timeout=None, seed=7, quiet=True)

@@ -333,3 +333,22 @@ def test_resume_after_the_driver_is_killed_equals_a_clean_run(ray_instance, mode
     assert run_on_ray(model, inp, out, resume=True) == 0
     assert run_generate(config(model, inp, tmp_path / "clean.jsonl")) == 0
     assert canonical(read_jsonl(out)) == canonical(read_jsonl(tmp_path / "clean.jsonl"))
+
+
+@pytest.mark.slow
+def test_workers_run_the_int8_kv_cache_as_one_process_does(ray_instance, model, tmp_path):
+    """--kv-cache-dtype reaches every actor's engine: its outputs equal the local int8 run's."""
+    from dataclasses import replace
+
+    from kvcli.batch.run import run_generate
+    from kvcli.distributed.run import run_generate_on_ray
+
+    inp = write_jsonl(tmp_path / "in.jsonl", workload())
+    local = config(model, inp, tmp_path / "local.jsonl")
+    local = replace(local, engine=replace(local.engine, kv_cache_dtype="int8"))
+    assert run_generate(local) == 0
+    ray_cfg = replace(local, output=str(tmp_path / "ray.jsonl"),
+                      stats_path=str(tmp_path / "ray.jsonl") + ".stats")
+    assert run_generate_on_ray(ray_cfg, RayOptions(workers=2)) == 0
+    ray_rows = read_jsonl(tmp_path / "ray.jsonl")
+    assert canonical(ray_rows) == canonical(read_jsonl(tmp_path / "local.jsonl"))

@@ -1,7 +1,8 @@
 """Cache sizes (--cache-size in tokens, blocks or bytes) and the capacity report built at the end.
 
 Bytes follow the engine's KV layout (kvcli/model/attention/kv_cache.py kv_cache_bytes_per_block):
-layers x 2 (K and V) x kv_heads x head_dim x dtype bytes per token, read from the model's
+layers x 2 (K and V) x kv_heads x head_dim x dtype bytes per token (int8: head_dim + 8 bytes,
+the row's scale and zero point), read from the model's
 config.json with the engine's own parser (kvcli/checkpoint/config.py, torch-free), so
 `--cache-size 1GiB` is the pool `kvcli generate --kv-cache-memory 1GiB` gets.
 """
@@ -17,7 +18,10 @@ from kvcli.audit.bounded import BoundedReplay
 from kvcli.audit.curve import StackModel
 from kvcli.hashing import BlockHash
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
+# `--kv-cache-dtype int8`: each token's row per layer and KV head ends in a float32 scale and zero
+# point (kvcli/model/attention/native_int8.py INT8_ROW_EXTRA; tests/test_audit_kv_dtype.py checks).
+INT8_ROW_EXTRA = 8
 BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}  # fmt: skip
 ELBOW_SHARE = 0.9
@@ -47,7 +51,8 @@ def model_config(model_dir: Path) -> Any:
 def bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
     """KV-cache bytes one token costs in `kvcli generate` with this model (all layers, K and V)."""
     config = model_config(model_dir)
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
+    row = config.head_dim + (INT8_ROW_EXTRA if dtype == "int8" else 0)
+    return config.num_layers * 2 * config.num_kv_heads * row * DTYPE_BYTES[dtype]
 
 
 def engine_pool_blocks(token_bytes: int, block_size: int) -> int:

@@ -70,6 +70,7 @@ class AuditOptions:
     responses: str | None = None  # --responses FILE: a batch output file joined by custom_id
     provider_rules: str | None = None  # --provider-rules FILE: per-model minimums and prices
     dtype: str = "float32"  # generate's --dtype: the KV cache's element type (bytes in --cache-size)
+    kv_cache_dtype: str = "auto"  # generate's --kv-cache-dtype (auto: --dtype); int8 rows carry scales
     prefill_tok_s: float | None = None  # --prefill-tok-s: prefill tokens saved as seconds
     fix: str | None = None  # --fix OUT: write the input with the fixes that do not lower the hit rate
     fix_rules: str | None = None
@@ -77,6 +78,10 @@ class AuditOptions:
     trace_time_unit: str = "ms"
     # A GGUF --model's conversion step (torch): the command passes it, the audit never imports it.
     write_tensors: TensorWriter | None = None
+
+    def kv_dtype(self) -> str:
+        """The element type generate's KV cache is in: --kv-cache-dtype, or --dtype for auto."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
 
 class StopAudit(Exception):
@@ -209,7 +214,7 @@ def _report(
     wanted = not opts.diff and (opts.fmt != "jsonl" or bool(opts.html_path))
     capacity = _capacity(auditor) if wanted else None
     if capacity is not None and capacity.token_bytes:
-        capacity.kv_dtype = opts.dtype
+        capacity.kv_dtype = opts.kv_dtype()
     bounded = capacity.bounded.cached_tokens if capacity is not None and capacity.bounded is not None else None
     shares, traffic = observed if observed is not None else (None, None)
     calibration = None if opts.prefill_tok_s else load_calibration(getattr(auditor.tokenizer, "directory", None), opts.dtype)

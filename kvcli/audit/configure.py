@@ -32,7 +32,7 @@ def cache_options(opts: AuditOptions, config: AuditConfig, tokenizer: AuditToken
     if opts.concurrency is not None and opts.cache_size is None:
         raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
     if isinstance(tokenizer, ModelTokenizer) and tokenizer.directory is not None:
-        config.token_bytes = bytes_per_token(tokenizer.directory, opts.dtype)  # generate's KV is in --dtype
+        config.token_bytes = bytes_per_token(tokenizer.directory, opts.kv_dtype())  # generate's KV
     if opts.cache_size is None:
         return
     if config.profile.hit_model != "blocks":
@@ -56,6 +56,7 @@ def disk_hits(opts: AuditOptions, config: AuditConfig, tokenizer: AuditTokenizer
         raise InputError(f"--kv-cache-dir: the {config.profile.name} profile has no block pool")
     try:
         return open_disk_hits(opts.kv_cache_dir, tokenizer.directory, config.profile.block_size,
-                              opts.model or "", opts.quantization, opts.dtype)
+                              opts.model or "", opts.quantization, opts.dtype,
+                              kv_cache_dtype=opts.kv_cache_dtype)
     except (OSError, ValueError) as err:
         raise InputError(f"--kv-cache-dir {opts.kv_cache_dir}: {err}") from err

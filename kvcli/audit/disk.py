@@ -18,7 +18,7 @@ from kvcli.hashing import BlockHash
 
 def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
                    quantization: str | None = None, dtype: str = "float32",
-                   device_type: str = "cpu") -> Container[bytes]:
+                   device_type: str = "cpu", kv_cache_dtype: str = "auto") -> Container[bytes]:
     """The hashes on disk for this model and setting (raises ValueError with a clear message)."""
     from kvcli.audit.capacity import model_config
     from kvcli.kvstore.directory import open_cache_dir
@@ -30,7 +30,8 @@ def open_disk_hits(cache_dir: str, model_dir: Path, block_size: int, label: str,
     # ``model_dir`` is the one generate runs: a GGUF's own directory under gguf and gguf-int
     # (the tokenizer's, resolved with the same mode: command.py), else the float model's.
     fingerprint = model_fingerprint(model_config(model_dir), model_dir, dtype, device_type,
-                                    block_size, label, file_digests_dir(), quantization)
+                                    block_size, label, file_digests_dir(), quantization,
+                                    kv_cache_dtype)
     return ModelStore(root, fingerprint.digest(), fingerprint.describe())
 
 

@@ -50,8 +50,10 @@ def capacity_lines(report: CapacityReport, style: Style) -> list[str]:
         lines.append(f"  at kvcli generate's default pool, {size_label(report, e.blocks)}: {e.cached_tokens:,} "
                      f"cached tokens, {percent(e.hit_rate)} hit rate")
     if report.token_bytes and report.kv_dtype:
+        flag = "--kv-cache-dtype" if report.kv_dtype == "int8" else "--dtype"
+        row = " + 8 scale/zero-point bytes" if report.kv_dtype == "int8" else " x element size"
         lines.append(f"  KV: {report.token_bytes:,} bytes per token in {report.kv_dtype} (the model's layers x 2 x KV "
-                     f"heads x head dim x element size), as `kvcli generate --dtype {report.kv_dtype}` allocates; "
+                     f"heads x (head dim{row})), as `kvcli generate {flag} {report.kv_dtype}` allocates; "
                      "--quantization changes weights, not the KV cache")
     lines.append(f"  hit rate by cache size (working set {size_label(report, report.working_set_blocks)}):")
     for p in _thin(report.curve):

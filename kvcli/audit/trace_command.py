@@ -66,7 +66,7 @@ def _rate(opts: AuditOptions, directory: Any) -> tuple[float | None, str]:
 
 
 def _models(opts: AuditOptions, profile: Profile, directory: Any) -> CacheModels:
-    token_bytes = bytes_per_token(directory, opts.dtype) if directory is not None else None
+    token_bytes = bytes_per_token(directory, opts.kv_dtype()) if directory is not None else None
     if opts.concurrency is not None and opts.cache_size is None:
         raise InputError("--concurrency: give --cache-size too (it sets the in-flight prompts of that replay)")
     blocks = None
@@ -111,7 +111,7 @@ def run_trace(opts: AuditOptions, stdin: IO[bytes], out: IO[bytes]) -> int:
         click.echo("kvcli audit: error: no trace lines to replay", err=True)
         return 2
     capacity = models.report()
-    capacity.kv_dtype = opts.dtype if capacity.token_bytes else None
+    capacity.kv_dtype = opts.kv_dtype() if capacity.token_bytes else None
     if opts.fmt == "json":
         out.write(orjson.dumps(trace_dict(replay, capacity, problems, rate, source), option=orjson.OPT_INDENT_2) + b"\n")
     else:

@@ -16,9 +16,11 @@ _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
 # kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
+# kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
+KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
 OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
-         "llamacpp", *QUANTIZED, *PRECISION_PEERS)
+         "llamacpp", *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
 # Peers that need no float weights in the bench's model directory (else a GGUF is converted).
 NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", "kvcli-no-cache"}
@@ -38,6 +40,7 @@ class BenchConfig:
     hf_batch_size: int = 8
     hf_page_size: int = 32
     max_num_batched_tokens: int = _ENGINE.max_num_batched_tokens
+    kv_cache_dtype: str = _ENGINE.kv_cache_dtype  # kvcli's (the reference's) KV cache
     warmup: bool = True
     vllm_python: Path | None = None
     openvino_python: Path | None = None
@@ -95,6 +98,9 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
             systems.append(load_quantized(name, model_dir, cfg))
         elif name in PRECISION_PEERS:
             systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name]))
+        elif name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
+            systems.append(_load_kvcli(str(model_dir), cfg, name, "exact", None,
+                                       kv_cache_dtype=KV_DTYPES[name]))
         else:
             systems.append(kvcli.variant(name, enable_prefix_caching=False))
     return systems
@@ -144,16 +150,19 @@ def llamacpp_peer(cfg: BenchConfig) -> Any:
 
 
 def _load_kvcli(model_dir: str, cfg: BenchConfig, name: str | None, precision: str,
-                dtype: str | None, quantization: str | None = None) -> Any:
-    """kvcli's engine at ``precision`` / ``dtype`` / ``quantization`` (``name`` None: kvcli's
-    own row)."""
+                dtype: str | None, quantization: str | None = None,
+                kv_cache_dtype: str | None = None) -> Any:
+    """kvcli's engine at ``precision`` / ``dtype`` / ``quantization`` / ``kv_cache_dtype``
+    (default the bench's --kv-cache-dtype; ``name`` None: kvcli's own row)."""
     from kvcli.bench.systems import KVCLI, KvcliSystem
 
     try:
         return KvcliSystem.load(model_dir, cfg.max_num_batched_tokens, quantization,
-                                name or KVCLI, precision, dtype)
+                                name or KVCLI, precision, dtype,
+                                kv_cache_dtype or cfg.kv_cache_dtype)
     except ValueError as err:  # PrecisionError, QuantError: bfloat16 without it, gguf without a GGUF
-        flag = f"--compare {name}" if name else "--quantization / --precision / --dtype"
+        flag = (f"--compare {name}" if name
+                else "--quantization / --precision / --dtype / --kv-cache-dtype")
         raise BenchConfigError(f"{flag}: {err}") from None
 
 

@@ -62,13 +62,14 @@ class KvcliSystem:
     @classmethod
     def load(cls, model: str | None, max_num_batched_tokens: int,
              quantization: str | None = None, name: str = KVCLI, precision: str = "exact",
-             dtype: str | None = None) -> KvcliSystem:
+             dtype: str | None = None, kv_cache_dtype: str = "auto") -> KvcliSystem:
         """An engine for ``model`` (a directory or a --model spec), as `kvcli generate
-        --quantization --precision --dtype` would load it."""
+        --quantization --precision --dtype --kv-cache-dtype` would load it."""
         from kvcli.engine.llm_engine import EngineConfig, LLMEngine
 
         config = EngineConfig(model=model, max_num_batched_tokens=max_num_batched_tokens,
-                              quantization=quantization, precision=precision, dtype=dtype)
+                              quantization=quantization, precision=precision, dtype=dtype,
+                              kv_cache_dtype=kv_cache_dtype)
         return cls(LLMEngine.from_config(config), name)
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
@@ -76,10 +77,13 @@ class KvcliSystem:
 
     @property
     def exact(self) -> bool:
-        """float32 weights: greedy outputs equal the float32 reference's. Quantized or bfloat16
-        weights change the logits, so their agreement with it is measured instead
-        (runner.greedy_agreement)."""
-        return self.base.config.quantization is None and self.weights == "float32"
+        """float32 weights and cache: greedy outputs equal the float32 reference's. Quantized or
+        bfloat16 weights, or an int8 / bfloat16 KV cache, change the logits, so their agreement
+        with it is measured instead (runner.greedy_agreement)."""
+        from kvcli.model.attention import kv_cache_dtype_name
+
+        kv = kv_cache_dtype_name(self.base.model.platform.kv_dtype)
+        return self.base.config.quantization is None and self.weights == kv == "float32"
 
     @property
     def weights(self) -> str:
@@ -93,7 +97,9 @@ class KvcliSystem:
     @property
     def precision(self) -> str:
         """The row's precision in the report: its weights and KV cache (and the preset)."""
-        kv = str(self.base.model.platform.kv_dtype).removeprefix("torch.")
+        from kvcli.model.attention import kv_cache_dtype_name
+
+        kv = kv_cache_dtype_name(self.base.model.platform.kv_dtype)  # int8 for its uint8 rows
         weights = self.base.config.quantization or self.weights
         preset = getattr(getattr(self.base.model, "precision", None), "preset", "")
         return f"{weights} weights, {kv} KV" + (f" ({preset})" if preset else "")

@@ -149,6 +149,14 @@ ENCODING_NAMES = ("o200k_base", "cl100k_base")
     "the default pool, --kv-cache-dir's key).",
 )
 @click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16", "int8"]),
+    default="auto",
+    show_default=True,
+    help="With --model: the `kvcli generate --kv-cache-dtype` (auto: --dtype); int8 counts each token's "
+    "codes plus their float32 scale and zero point per layer and KV head.",
+)
+@click.option(
     "--responses",
     metavar="FILE",
     default=None,

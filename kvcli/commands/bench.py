@@ -46,7 +46,8 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
                    "vllm, openvino (float32 forced), openvino-default (its own precision "
                    "defaults), llamacpp (llama-server on the same GGUF), kvcli-gguf, kvcli-int8 "
                    "(kvcli on quantized weights), kvcli-bf16, kvcli-fast (kvcli at --dtype "
-                   "bfloat16 / --precision fast): the inexact ones' greedy agreement with kvcli "
+                   "bfloat16 / --precision fast), kvcli-int8kv, kvcli-bf16kv (kvcli with an "
+                   "int8 / bfloat16 KV cache): the inexact ones' greedy agreement with kvcli "
                    "is reported ('none' for kvcli alone).")
 @click.option("--llamacpp-server", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_LLAMACPP_SERVER",
@@ -76,11 +77,13 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
               help="hf-generate: prompts per padded generate() call.")
 @click.option("--hf-page-size", type=click.IntRange(min=4), default=32, show_default=True,
               help="hf-generate-batch: tokens per page of its paged cache.")
-@engine_options("max_num_batched_tokens", "precision",
+@engine_options("max_num_batched_tokens", "precision", "kv_cache_dtype",
                 notes={"max_num_batched_tokens": "Also hf-generate-batch's.",
                        "precision": "For kvcli's own row, the reference the others are "
                                     "compared with; --compare kvcli-fast measures fast against "
-                                    "kvcli's float32 in the same run instead."})
+                                    "kvcli's float32 in the same run instead.",
+                       "kv_cache_dtype": "For kvcli's own row too (--compare kvcli-int8kv, "
+                                         "kvcli-bf16kv run those beside it in the same run)."})
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -84,7 +84,8 @@ def list_models(directory: str, as_json: bool) -> None:
         return
     for m in models:
         d: dict[str, Any] = m.description
-        click.echo(f"{m.fingerprint[:12]}  {m.label}  {d.get('dtype', '?')} "
+        kv = f" KV {d['kv_cache_dtype']}" if d.get("kv_cache_dtype") else ""  # int8, bfloat16
+        click.echo(f"{m.fingerprint[:12]}  {m.label}  {d.get('dtype', '?')}{kv} "
                    f"block {d.get('block_size', '?')} on {d.get('device_type', '?')}  "
                    f"{m.blocks:,} blocks {_mb(m.bytes)}  used {_ago(m.last_use)}  "
                    f"{m.hit_blocks:,} hits in {m.runs:,} runs")

@@ -19,7 +19,7 @@ from kvcli.commands.options import engine_config, engine_options
 @engine_options("model", "quantization")
 @click.option("--context", type=click.IntRange(min=4), default=512, show_default=True,
               help="Tokens per window; the second half of each window is scored.")
-@engine_options("max_num_batched_tokens", "precision", "dtype", "device")
+@engine_options("max_num_batched_tokens", "precision", "dtype", "kv_cache_dtype", "device")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     """Perplexity of a model on the UTF-8 text in FILE.
@@ -42,7 +42,7 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
     doc = {"file": text_file, "model": opts["model"], "quantization": mode or "none",
-           "precision": precision,
+           "precision": precision, "kv_cache_dtype": opts["kv_cache_dtype"],
            **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -51,7 +51,7 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
                f"{doc['context']}, {doc['tokens_scored']} scored in {doc['seconds']:.1f} s")
     click.echo(f"PPL = {doc['ppl']:.4f} +/- {doc['ppl_error']:.5f}  "
                f"(model {doc['model']}, quantization {doc['quantization']}, "
-               f"{doc['precision']})")
+               f"{doc['precision']}, KV cache {doc['kv_cache_dtype']})")
 
 
 def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None, str]:

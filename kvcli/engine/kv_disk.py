@@ -126,13 +126,16 @@ class DiskKVTier:
 
 def open_disk_tier(cache_dir: str, max_bytes: int | None, model: Any, model_dir: Path,
                    kv: torch.Tensor, block_size: int, label: str,
-                   quantization: str | None = None, insecure: bool = False) -> DiskKVTier:
-    """A tier for ``model`` (loaded from ``model_dir``) over the cache directory ``cache_dir``."""
+                   quantization: str | None = None, insecure: bool = False,
+                   dtype: str | None = None) -> DiskKVTier:
+    """A tier for ``model`` (loaded from ``model_dir``, in ``dtype``: default the pool's) over
+    the cache directory ``cache_dir``; the pool's own element type keys int8 blocks apart."""
+    from kvcli.model.attention import kv_cache_dtype_name
     from kvcli.paths import file_digests_dir
 
-    fingerprint = model_fingerprint(model.config, model_dir, str(kv.dtype).removeprefix("torch."),
-                                    kv.device.type, block_size, label,
-                                    file_digests_dir(), quantization)
+    kv_dtype = kv_cache_dtype_name(kv.dtype)
+    fingerprint = model_fingerprint(model.config, model_dir, dtype or kv_dtype, kv.device.type,
+                                    block_size, label, file_digests_dir(), quantization, kv_dtype)
     store = open_model_store(cache_dir, fingerprint, insecure)
     return DiskKVTier(store, WriteBehind(store, max_bytes or DEFAULT_MAX_BYTES), kv, block_size)
 
@@ -146,7 +149,8 @@ def disk_tier_for(config: Any, model: Any, model_dir: Path | None, kv: torch.Ten
     return open_disk_tier(config.kv_cache_dir, config.kv_cache_dir_max_bytes, model,
                           Path(model_dir), kv, config.block_size,
                           config.model or str(model_dir), weights_form(config, model),
-                          config.kv_cache_dir_insecure)
+                          config.kv_cache_dir_insecure,
+                          str(getattr(model, "compute_dtype", kv.dtype)).removeprefix("torch."))
 
 
 def weights_form(config: Any, model: Any) -> str | None:
@@ -159,6 +163,7 @@ def weights_form(config: Any, model: Any) -> str | None:
         return str(config.quantization)
     platform = getattr(model, "platform", None)
     weights = getattr(platform, "weights", torch.float32)
-    if weights == getattr(platform, "kv_dtype", weights):  # the KV dtype keys it already
+    computed = getattr(model, "compute_dtype", getattr(platform, "kv_dtype", weights))
+    if weights == computed:  # the dtype keys it already
         return None
     return str(weights).removeprefix("torch.") + " weights"

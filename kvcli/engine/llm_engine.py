@@ -31,13 +31,24 @@ from kvcli.sampling_params import SamplingParams
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
 
 
-def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
-    """The KV cache's dtype: what the model computes in (float32 on the CPU whatever --dtype
-    stores the weights in: model/platform.py compute_dtype)."""
+def _computed_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
+    """What the model computes in (float32 on the CPU whatever --dtype stores the weights in:
+    model/platform.py compute_dtype): the KV cache's dtype for --kv-cache-dtype auto."""
+    computed = getattr(model, "compute_dtype", None)
+    if computed is not None:
+        return computed
     platform = getattr(model, "platform", None)
     if platform is not None:
         return platform.kv_dtype
     return torch.float32 if config.dtype in (None, "auto") else getattr(torch, config.dtype)
+
+
+def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
+    """The pool's element type: --kv-cache-dtype (ValueError: one no kernel reads under this
+    model), auto = what the model computes in."""
+    from kvcli.model.attention import kv_storage_dtype
+
+    return kv_storage_dtype(config.kv_cache_dtype, _computed_dtype(model, config))
 
 
 def checkpoint_dtype(model_dir: Path) -> str | None:
@@ -61,6 +72,7 @@ class LLMEngine:
         self.max_model_len = int(model.max_position_embeddings)
         self.vocab_size = int(model.vocab_size)
         dtype = _kv_dtype(model, config)
+        self._use_kv_dtype(dtype)
         num_blocks = config.num_blocks
         if num_blocks is None:
             per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
@@ -79,6 +91,16 @@ class LLMEngine:
             read_embedding_spec(model_dir, raw) if model_dir is not None
             else EmbeddingSpec(hidden_size=int(raw.get("hidden_size") or 0)))
         self.headless = bool(getattr(model, "headless", False))
+
+    def _use_kv_dtype(self, dtype: torch.dtype) -> None:
+        """The model attends a pool of ``dtype`` (--kv-cache-dtype; its backend is picked again
+        where that differs from the model's dtype)."""
+        setter = getattr(self.model, "set_kv_cache_dtype", None)
+        if setter is not None:
+            setter(dtype)
+        elif dtype != _computed_dtype(self.model, self.config):
+            raise ValueError(f"kv_cache_dtype: {type(self.model).__name__} attends caches in "
+                             f"its own dtype only")
 
     def _open_disk_tier(self, kv: torch.Tensor, model_dir: Path | None) -> Any:
         if self.config.kv_cache_dir is None:

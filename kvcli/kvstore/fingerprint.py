@@ -2,7 +2,8 @@
 
 Blocks are keyed by ``(fingerprint, chain hash)``. The chain hash names the prefix
 (tokens and ``cache_salt``); the fingerprint names what turns a prefix into K/V:
-the weights' and config's bytes, dtype, device type (CPU and CUDA kernels round
+the weights' and config's bytes, dtype, KV-cache dtype (``--kv-cache-dtype``: an int8 block's
+bytes are codes and scales, never float32 K/V), device type (CPU and CUDA kernels round
 differently, and outputs with the cache must equal outputs without it), weight
 quantization (``--quantization``), block size, attention layout, RoPE settings and kvcli's
 KV format version. Changing any of them changes the fingerprint, so a block of another
@@ -51,6 +52,9 @@ class ModelFingerprint:
     # EngineConfig.quantization (int8, gguf), narrower float weights ("bfloat16 weights": the
     # engine's kv_disk.weights_form) or none
     quantization: str = "none"
+    # The pool's element type where it differs from ``dtype`` (--kv-cache-dtype int8); "" when
+    # it is the model's dtype, and then not keyed, so caches written before it still match.
+    kv_cache_dtype: str = ""
     kv_format_version: int = KV_FORMAT_VERSION
     label: str = field(default="", compare=False)  # the model as the user named it (not keyed)
 
@@ -58,20 +62,24 @@ class ModelFingerprint:
         return asdict(self)
 
     def digest(self) -> bytes:
-        keyed = {k: v for k, v in asdict(self).items() if k != "label"}
+        keyed = {k: v for k, v in asdict(self).items()
+                 if k != "label" and not (k == "kv_cache_dtype" and not v)}
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).digest()
 
 
 def model_fingerprint(cfg: Any, model_dir: Path, dtype: str, device_type: str, block_size: int,
                       label: str = "", digest_cache: Path | None = None,
-                      quantization: str | None = None) -> ModelFingerprint:
+                      quantization: str | None = None,
+                      kv_cache_dtype: str | None = None) -> ModelFingerprint:
     """The fingerprint of a model from its ``ModelConfig`` (kvcli/checkpoint/config.py, torch-free),
     so the engine and a torch-free caller (the audit) compute the same key."""
     return ModelFingerprint(
         weights_sha256=weights_digest(model_dir, digest_cache), architecture=cfg.architecture,
         dtype=dtype, device_type=device_type, block_size=block_size, num_layers=cfg.num_layers,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, rope=asdict(cfg.rope),
-        quantization=quantization or "none", label=label)
+        quantization=quantization or "none",
+        kv_cache_dtype="" if kv_cache_dtype in (None, "auto", dtype) else kv_cache_dtype,
+        label=label)
 
 
 def weights_digest(model_dir: Path, digest_cache: Path | None) -> str:

@@ -68,7 +68,10 @@ class Backend:
 
     def describe(self) -> dict[str, str]:
         """What runs where, for ``--stats`` and the bench JSON."""
+        from kvcli.model.attention import kv_cache_dtype_name
+
         return {"name": self.name, "isa": self.isa, "precision": self.precision_label,
+                "kv_cache_dtype": kv_cache_dtype_name(self.platform.kv_dtype),
                 "decode_attention": self.decode_attention,
                 "prefill_attention": self.prefill_attention, "batch1_decode": self.batch1_decode,
                 "matmul": self.matmul, "elementwise": self.elementwise}

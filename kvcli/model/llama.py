@@ -6,6 +6,8 @@ for the fused projections listed in ``packed_modules``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -112,9 +114,11 @@ class LlamaForCausalLM(nn.Module):
         # take. On the CPU only the loader's matmul weights take a narrower ``dtype``.
         self.platform = detect_platform(device, compute_dtype(device, dtype), weights=dtype)
         dtype = self.platform.kv_dtype
+        self.compute_dtype = dtype  # the cache's too unless set_kv_cache_dtype changes it
         self.routes: KernelRoutes = select_routes(self.platform)
+        self._attention_specs = [spec.attention for spec in specs]
         self.attention_backend: AttentionBackend = select_attention_backend(
-            self.platform, [spec.attention for spec in specs])
+            self.platform, self._attention_specs)
         layers = []
         for i, spec in enumerate(specs):
             attn = DecoderAttention(cfg, spec, self.attention_backend.layer(spec.attention),
@@ -155,8 +159,25 @@ class LlamaForCausalLM(nn.Module):
 
     def enable_fast_decode(self) -> None:
         """Use the fused NumPy path for single-token steps where it is equivalent (CPU fp32)."""
-        fits = self.numpy_decode_equivalent and NumpyDecoder.supports(self)
+        kv = self.platform.kv_dtype  # it reads a float32 cache, or int8 through the kernels
+        fits = (self.numpy_decode_equivalent and NumpyDecoder.supports(self)
+                and (kv == torch.float32 or (kv == torch.uint8 and self.platform.native)))
         self._numpy_decoder = NumpyDecoder(self) if fits else None
+
+    def set_kv_cache_dtype(self, kv_dtype: torch.dtype) -> None:
+        """Attend a ``kv_dtype`` pool (the engine's --kv-cache-dtype; torch.uint8: int8 rows)
+        instead of one in the model's dtype: the platform's KV dtype changes, so the selector
+        picks the backend again and every layer takes its implementation (ValueError: no
+        backend reads that cache here). The kernel routes do not depend on it."""
+        if kv_dtype == self.platform.kv_dtype:
+            return
+        platform = replace(self.platform, kv_dtype=kv_dtype)
+        backend = select_attention_backend(platform, self._attention_specs, self.compute_dtype)
+        self.platform, self.attention_backend = platform, backend
+        for layer, spec in zip(self.model.layers, self._attention_specs, strict=True):
+            layer.self_attn.attn = backend.layer(spec)
+        if self._numpy_decoder is not None:  # rebuilt for the new cache (or dropped)
+            self.enable_fast_decode()
 
     @property
     def ignored_checkpoint_suffixes(self) -> tuple[str, ...]:

@@ -5,7 +5,10 @@ At batch 1 the weights stream at memory bandwidth (~25 ms per step for SmolLM2-1
 On 576-element vectors NumPy's per-op cost is ~1-2 us, so this path runs the whole layer stack
 in NumPy on zero-copy views of the same weights and the same paged KV cache. It is used only
 where it is equivalent op for op: float32 on CPU, no q/k norm, no sliding window. Anything
-else (and every batch of more than one row) takes the torch path.
+else (and every batch of more than one row) takes the torch path. With an int8 KV cache
+(``--kv-cache-dtype int8``) each layer's K/V write and attention are the native int8 kernels'
+(native_int8.py), called on zero-copy torch views: the same codes and kernels a batched step
+uses, the rest of the layer in NumPy as for float32.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class NumpyDecoder:
         logits = self.embed.T if head is None else _np(head.weight).T  # compute_logits' matmul
         self.threads = AdaptiveThreads.create([first.qkv, first.o, first.gate_up, first.down,
                                                logits])
+        platform = model.platform
+        self.int8_lib = platform.native if platform.kv_dtype == torch.uint8 else None
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -112,17 +117,39 @@ class NumpyDecoder:
             rotated = np.concatenate((-qk[:, half:], qk[:, :half]), axis=1)
             qk = qk * cos + rotated * sin
             kv_layer = kv_cache[i]
-            kv_layer[0, slot] = qk[self.heads :]
-            kv_layer[1, slot] = qkv[q_size + kv_size :].reshape(self.kv_heads, self.head_dim)
-            keys = kv_layer[0].take(context, axis=0)  # [L, Hkv, D]
-            values = kv_layer[1].take(context, axis=0)
-            q = qk[: self.heads].reshape(self.kv_heads, group, self.head_dim)
-            scores = np.matmul(q, keys.transpose(1, 2, 0)) * self.scale  # [Hkv, G, L]
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores /= scores.sum(axis=-1, keepdims=True)
-            attn = np.matmul(scores, values.transpose(1, 0, 2)).reshape(q_size)  # [Hkv, G, D]
-            h = h + _affine(attn, lw.o, lw.o_bias)
+            v = qkv[q_size + kv_size :].reshape(self.kv_heads, self.head_dim)
+            if self.int8_lib is not None:
+                attn = self._int8_attention(qk, v, kv_layer, slot, context)
+                h = h + _affine(attn, lw.o, lw.o_bias)
+            else:
+                kv_layer[0, slot] = qk[self.heads :]
+                kv_layer[1, slot] = v
+                keys = kv_layer[0].take(context, axis=0)  # [L, Hkv, D]
+                values = kv_layer[1].take(context, axis=0)
+                q = qk[: self.heads].reshape(self.kv_heads, group, self.head_dim)
+                scores = np.matmul(q, keys.transpose(1, 2, 0)) * self.scale  # [Hkv, G, L]
+                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                scores /= scores.sum(axis=-1, keepdims=True)
+                attn = np.matmul(scores, values.transpose(1, 0, 2)).reshape(q_size)  # [Hkv,G,D]
+                h = h + _affine(attn, lw.o, lw.o_bias)
             gate_up = _affine(_rms_norm(h, lw.post_norm, self.eps), lw.gate_up, lw.gate_up_bias)
             gate, up = np.split(gate_up, 2)
             h = h + _affine(gate / (1.0 + np.exp(-gate)) * up, lw.down, lw.down_bias)
         return _rms_norm(h, self.final_norm, self.eps)[None, :]
+
+    def _int8_attention(self, qk: np.ndarray, v: np.ndarray, kv_layer: np.ndarray, slot: int,
+                        context: np.ndarray) -> np.ndarray:
+        """This token's K/V quantized into ``slot``, then its attention over ``context`` by the
+        native many-row kernel (which takes the context's slots as they are)."""
+        from kvcli.model import native
+
+        lib, kv = self.int8_lib, torch.from_numpy(kv_layer)
+        where = torch.tensor([slot], dtype=torch.int64)
+        native.quantize_kv(lib, torch.from_numpy(qk[self.heads :])[None], where, kv[0])
+        native.quantize_kv(lib, torch.from_numpy(np.ascontiguousarray(v))[None], where, kv[1])
+        q = torch.from_numpy(np.ascontiguousarray(qk[: self.heads]))[None]
+        out = torch.empty_like(q)
+        seqs = torch.tensor([[0, 1, context.shape[0], 0]], dtype=torch.int64)
+        native.paged_prefill_attention(lib, q, kv, torch.from_numpy(context), seqs, out, None,
+                                       float(self.scale))
+        return out.numpy().reshape(-1)

@@ -18,7 +18,9 @@ from kvcli.model import native
 @dataclass(frozen=True, slots=True)
 class Platform:
     device: torch.device
-    kv_dtype: torch.dtype  # also what the layers compute in (compute_dtype)
+    # what the layers compute in (compute_dtype) and the pool holds, unless --kv-cache-dtype
+    # set another (llama.py set_kv_cache_dtype; torch.uint8: the int8 cache, native_int8.py)
+    kv_dtype: torch.dtype
     native: Any  # the compiled CPU kernels (ctypes.CDLL), or None: the torch routes
     isa: str  # what they were built for ("avx512", "avx2+fma"; KVCLI_NATIVE_ISA), "" without
     weights: torch.dtype = torch.float32  # the matmul weights' (--dtype; model/precision.py)

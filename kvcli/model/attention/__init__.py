@@ -12,7 +12,13 @@ from kvcli.model.attention.common import (
     LayerAttention,
     build_common_metadata,
 )
-from kvcli.model.attention.kv_cache import KVCacheSpec, allocate_kv_cache, kv_cache_bytes_per_block
+from kvcli.model.attention.kv_cache import (
+    KVCacheSpec,
+    allocate_kv_cache,
+    kv_cache_bytes_per_block,
+    kv_cache_dtype_name,
+    kv_storage_dtype,
+)
 
 #: The step's common fields (the name callers and tests know).
 build_attention_metadata = build_common_metadata
@@ -27,4 +33,6 @@ __all__ = [
     "build_attention_metadata",
     "build_common_metadata",
     "kv_cache_bytes_per_block",
+    "kv_cache_dtype_name",
+    "kv_storage_dtype",
 ]

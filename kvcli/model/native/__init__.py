@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,8 +26,14 @@ log = logging.getLogger("kvcli.native")
 
 SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
-                          "elementwise.c", "qgemm.c", "qint.c"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "qint_kernel.h"))
+                          "elementwise.c", "qgemm.c", "qint.c", "paged_attention_int8.c",
+                          "prefill_attention_int8.c", "paged_attention_bf16.c",
+                          "prefill_attention_bf16.c"))
+# Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
+# once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "qint_kernel.h",
+                                                      "kv_int8.h", "kv_rows.h",
+                                                      "paged_attention_kv.c"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
@@ -115,15 +122,19 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         detail = getattr(err, "stderr", "") or err
         log.warning("native CPU kernels off: build failed: %s", detail)
         return None
-    fn = lib.kvcli_paged_decode_attention
-    fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
-    fn.restype = ctypes.c_int
-    fn = lib.kvcli_paged_prefill_attention
-    fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
-    fn.restype = ctypes.c_int
-    fn = lib.kvcli_shared_decode_attention
-    fn.argtypes = [F32P, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4, ctypes.c_float, I64]
-    fn.restype = ctypes.c_int
+    for suffix in ("", "_int8", "_bf16"):  # the kernels of each KV cache format
+        fn = getattr(lib, f"kvcli_paged_decode_attention{suffix}")
+        fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
+        fn.restype = ctypes.c_int
+        fn = getattr(lib, f"kvcli_paged_prefill_attention{suffix}")
+        fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
+        fn.restype = ctypes.c_int
+        fn = getattr(lib, f"kvcli_shared_decode_attention{suffix}")
+        fn.argtypes = [F32P, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4, ctypes.c_float,
+                       I64]
+        fn.restype = ctypes.c_int
+    lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 3]
+    lib.kvcli_quantize_kv.restype = None
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
@@ -189,10 +200,31 @@ def num_threads() -> int:
     return max(1, int(env)) if env else torch.get_num_threads()
 
 
+def _kernel(lib: ctypes.CDLL, name: str, kv_layer: torch.Tensor) -> Any:
+    """The attention kernel for the cache's layout: float32, the int8 rows of kv_int8.h (a
+    uint8 pool, kvcli/model/attention/native_int8.py), or bfloat16 (native_bf16.py)."""
+    if kv_layer.dtype == torch.uint8:
+        return getattr(lib, f"{name}_int8")
+    if kv_layer.dtype == torch.bfloat16:
+        return getattr(lib, f"{name}_bf16")
+    if kv_layer.dtype != torch.float32:
+        raise TypeError(f"{name}: no kernel for a {kv_layer.dtype} KV cache")
+    return getattr(lib, name)
+
+
+def quantize_kv(lib: ctypes.CDLL, x: torch.Tensor, slots: torch.Tensor,
+                cache: torch.Tensor) -> None:
+    """New K or V rows ``x`` [T, Hkv, D] float32 into ``cache``'s int8 rows (kv_int8.h) at
+    ``slots``; ``cache`` [num_slots, Hkv, D + 8] uint8, contiguous."""
+    x = x.contiguous()
+    lib.kvcli_quantize_kv(x.data_ptr(), slots.data_ptr(), cache.data_ptr(), x.shape[0],
+                          x.shape[1], x.shape[2])
+
+
 def paged_decode_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [S, H, D] float32
-    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32, contiguous
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32 (or int8 rows), contiguous
     block_tables: torch.Tensor,  # [S, max_blocks] int64
     seq_lens: torch.Tensor,  # [S] int64
     block_size: int,
@@ -202,7 +234,7 @@ def paged_decode_attention(
     q = q.contiguous()
     out = torch.empty_like(q)
     num_seqs, num_heads, head_dim = q.shape
-    status = lib.kvcli_paged_decode_attention(
+    status = _kernel(lib, "kvcli_paged_decode_attention", kv_layer)(
         q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, kv_layer.shape[2], head_dim,
         block_size, block_tables.shape[1], window or 0, scale, num_threads())
@@ -214,7 +246,7 @@ def paged_decode_attention(
 def paged_prefill_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
-    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32, contiguous, new K/V written
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32 (or int8 rows), new K/V written
     slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
     seqs: torch.Tensor,  # [S, 4] int64: first q row, q_len, context length, first slot index
     out: torch.Tensor,  # [T, H, D]: the listed sequences' rows are written
@@ -223,7 +255,7 @@ def paged_prefill_attention(
 ) -> None:
     """Causal attention of each listed sequence's new queries over its paged context."""
     _, num_heads, head_dim = q.shape
-    status = lib.kvcli_paged_prefill_attention(
+    status = _kernel(lib, "kvcli_paged_prefill_attention", kv_layer)(
         q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
         seqs.data_ptr(), out.data_ptr(), seqs.shape[0], num_heads, kv_layer.shape[2], head_dim,
         window or 0, scale, num_threads())
@@ -234,7 +266,7 @@ def paged_prefill_attention(
 def shared_decode_attention(
     lib: ctypes.CDLL,
     q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
-    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32, contiguous, new K/V written
+    kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32 (or int8 rows), new K/V written
     slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
     seqs: torch.Tensor,  # [S, 4] int64 as for prefill, q_len 1, listed group by group
     groups: torch.Tensor,  # [G, 3] int64: first listed sequence, count, shared prefix length
@@ -243,7 +275,7 @@ def shared_decode_attention(
 ) -> None:
     """Decode tokens of sequences sharing a cached prefix: the prefix read once per group."""
     _, num_heads, head_dim = q.shape
-    status = lib.kvcli_shared_decode_attention(
+    status = _kernel(lib, "kvcli_shared_decode_attention", kv_layer)(
         q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
         seqs.data_ptr(), groups.data_ptr(), out.data_ptr(), groups.shape[0], num_heads,
         kv_layer.shape[2], head_dim, scale, num_threads())

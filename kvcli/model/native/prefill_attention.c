@@ -24,6 +24,20 @@
 
 #include "pool.h"
 
+/* KV_INT8 or KV_BF16 (prefill_attention_int8.c, _bf16.c): the cache holds int8 or bfloat16
+ * rows (kv_rows.h). Each 32-key panel is widened to float as it is transposed, and its V rows
+ * into a [KB][D] float scratch beside it: converted once per panel for every query row of the
+ * work item (up to QT x group rows), in L1, never as a copy of the cache. */
+#if defined(KV_INT8) || defined(KV_BF16)
+#define KV_CONVERTED 1
+#include "kv_rows.h"
+#define KV_ROW(D) kv_row(D)
+#else
+typedef float kv_t;
+#define KV_ROW(D) (D)
+#define KV_NAME(name) name
+#endif
+
 #define KB 32 /* keys per panel: two 16-float vectors of scores per query */
 #define QT 16 /* query positions per work item */
 
@@ -45,7 +59,8 @@ typedef struct {
 enum { PREFILL, SHARED };
 
 typedef struct {
-    const float *q, *k, *v; /* q [T, H, D]; k, v [num_slots, Hkv, D] */
+    const float *q;         /* [T, H, D] */
+    const kv_t *k, *v;      /* [num_slots, Hkv, KV_ROW(D)] */
     const int64_t *slots;   /* flat slots of every listed sequence's context, concatenated */
     const int64_t *seqs;    /* [S, 4]: first q row, q_len, context length, first slot index */
     const int64_t *groups;  /* SHARED: [G, 3]: first seq, member count, shared prefix length */
@@ -172,22 +187,43 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, f
     accumulate(ob, D, alpha_b, pb, vrow, nk);
 }
 
+/* Token t of a panel: its K row transposed into kt [D][KB], its V row's address (float: in
+ * the cache; int8, bfloat16: widened into vb [KB][D]). `at` is the row's offset in the cache. */
+static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, float *kt,
+                            float *vb, const float **vrow) {
+#if defined(KV_CONVERTED)
+    float sc, bias;
+    const kv_t *ku = j->k + at, *vu = j->v + at;
+    kv_params(ku, D, &sc, &bias);
+    float *dst = vb + t * D; /* widened first (a vector loop), then transposed from L1 */
+    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(ku[d]) * sc + bias;
+    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = dst[d];
+    kv_params(vu, D, &sc, &bias);
+    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
+    *vrow = dst;
+#else
+    (void)vb;
+    *vrow = j->v + at;
+    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];
+#endif
+}
+
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
  * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
  * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt is the
- * [D][KB] key panel. DIM is a compile-time head size where one is given. */
+ * [D][KB] key panel (followed by the int8 build's [KB][D] V scratch). DIM is a compile-time head size where one is given. */
 #define ATTEND_KEYS(NAME, DIM)                                                                 \
     static void NAME(const job_t *j, int64_t g, const int64_t *slots, int64_t k_lo,            \
                      int64_t k_hi, int64_t m, const float *const *q, const int64_t *pos,       \
                      float *mx, float *l, float *o, float *kt) {                               \
-        const int64_t D = (DIM), stride = j->Hkv * D, w = j->window;                           \
+        const int64_t D = (DIM), stride = j->Hkv * KV_ROW(D), w = j->window;                   \
         const float *vrow[KB];                                                                 \
+        float *vb = kt + D * KB;                                                               \
         for (int64_t k0 = k_lo; k0 < k_hi; k0 += KB) {                                         \
             const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;                                \
             for (int64_t t = 0; t < KB; t++) {                                                 \
-                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * D;              \
-                vrow[t] = j->v + at;                                                           \
-                for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];                 \
+                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * KV_ROW(D);      \
+                load_key(j, D, at, t, kt, vb, &vrow[t]);                                       \
             }                                                                                  \
             for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
                 vf sv[RB][NV];                                                                 \
@@ -302,8 +338,9 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     (void)n;
     job_t *j = (job_t *)args;
     const int64_t rows = QT * (j->H / j->Hkv);
-    scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB), malloc(sizeof(float) * rows),
-                   malloc(sizeof(float) * rows), malloc(sizeof(float) * rows * j->D),
+    scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
+                   malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
+                   malloc(sizeof(float) * rows * j->D),
                    malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows)};
     const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
     if (!s.kt || !s.mx || !s.l || !s.o || !s.q || !s.pos) {
@@ -332,7 +369,7 @@ static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
 
 /* Returns 0 on success, 1 when memory ran out. Every listed sequence's K/V, the new tokens'
  * included, must already be in the cache. */
-int kvcli_paged_prefill_attention(const float *q, const float *k, const float *v,
+int KV_NAME(kvcli_paged_prefill_attention)(const float *q, const kv_t *k, const kv_t *v,
                                   const int64_t *slots, const int64_t *seqs, float *out,
                                   int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                   int64_t head_dim, int64_t window, float scale,
@@ -353,7 +390,7 @@ int kvcli_paged_prefill_attention(const float *q, const float *k, const float *v
 
 /* Decode tokens (q_len 1) of sequences listed group by group in `seqs`; group i's members
  * share their first groups[i][2] context slots (whole cached blocks). No sliding window. */
-int kvcli_shared_decode_attention(const float *q, const float *k, const float *v,
+int KV_NAME(kvcli_shared_decode_attention)(const float *q, const kv_t *k, const kv_t *v,
                                   const int64_t *slots, const int64_t *seqs,
                                   const int64_t *groups, float *out, int64_t num_groups,
                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,

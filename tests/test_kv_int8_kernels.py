@@ -1,0 +1,140 @@
+"""The int8 KV cache's native kernels (native/paged_attention_int8.c, prefill_attention_int8.c)
+against torch: the quantization against its formula, and every attention kernel (decode,
+prefill chunks with cached context and a sliding window, shared-prefix decode) against float64
+attention over the same cache de-quantized in torch, in each build (AVX-512, AVX2)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
+from test_native_prefill_attention import BLOCK, reference
+
+from kvcli.model import native
+from kvcli.model.attention import LayerAttention, allocate_kv_cache, build_attention_metadata
+from kvcli.model.attention.native_int8 import INT8_STORAGE, NativeInt8Backend
+from kvcli.model.platform import Platform
+
+
+def dequantize(kv8: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The float values the int8 rows stand for: (code - zero) * scale."""
+    codes = kv8[..., :head_dim].float()
+    params = kv8[..., head_dim:].contiguous().view(torch.float32)  # [..., 2]: scale, zero
+    return (codes - params[..., 1:2]) * params[..., 0:1]
+
+
+def quantized(lib, kv: torch.Tensor) -> torch.Tensor:
+    """A [2, slots, Hkv, D] float cache written into int8 rows by the kernel."""
+    _, slots, kv_heads, dim = kv.shape
+    kv8 = torch.zeros(2, slots, kv_heads, dim + 8, dtype=torch.uint8)
+    every = torch.arange(slots)
+    for i in range(2):
+        native.quantize_kv(lib, kv[i], every, kv8[i])
+    return kv8
+
+
+def backend(lib) -> NativeInt8Backend:
+    return NativeInt8Backend(Platform(torch.device("cpu"), INT8_STORAGE, lib, ""))
+
+
+def test_quantize_matches_its_formula(native_lib):  # noqa: F811
+    torch.manual_seed(0)
+    x = torch.randn(2, 40, 3, 64) * torch.rand(1, 40, 3, 1) * 4
+    x[0, 5, 1] = 0.75  # a constant row: scale 1, every code 0, exact
+    kv8 = quantized(native_lib, x)
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    scale = torch.where(hi > lo, (hi - lo) / 255, torch.ones_like(lo))
+    codes = torch.round((x - lo) / scale).clamp(0, 255)
+    assert (kv8[..., :64].float() - codes).abs().max() <= 1  # rounding at a tie may differ
+    params = kv8[..., 64:].contiguous().view(torch.float32)
+    torch.testing.assert_close(params[..., 0:1], scale)
+    back = dequantize(kv8, 64)
+    assert ((back - x).abs() <= scale * 0.5 + 1e-5 * x.abs().amax(-1, keepdim=True) + 1e-6).all()
+    assert back[0, 5, 1].eq(0.75).all()
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 128), (4, 4, 32)])
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, window, threads,
+                                                         native_lib, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    rng = random.Random(heads * dim + (window or 0))
+    torch.manual_seed(dim)
+    computed = [0, 0, 40, 7, 33, 0, 12, 50, 3]
+    new = [1, 17, 16, 33, 1, 70, 5, 1, 1]  # one-token prompt, chunks, decode tokens
+    blocks = list(range(64))
+    rng.shuffle(blocks)
+    tables, at = [], 0
+    for c, n in zip(computed, new, strict=True):
+        count = -(-(c + n) // BLOCK)
+        tables.append(blocks[at:at + count])
+        at += count
+    kv8 = quantized(native_lib, torch.randn(2, 64 * BLOCK, kv_heads, dim) * 3 + 0.5)
+    rows = sum(new)
+    q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
+    chosen = backend(native_lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    assert meta.paged_decode is not None and meta.paged_prefill is not None
+    scale = dim ** -0.5
+    got = chosen.layer(LayerAttention(scale, window)).forward(q, k, v, kv8, meta)  # writes k, v
+    want = reference(q, dequantize(kv8, dim), tables, computed, new, window, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_shared_prefix_decode_equals_float64_over_the_codes(threads, native_lib,  # noqa: F811
+                                                            monkeypatch):
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(5)
+    heads, kv_heads, dim = 9, 3, 64
+    shared_a, shared_b = list(range(5)), list(range(5, 11))
+    tables, computed, new, nxt = [], [], [], 11
+    for i in range(20):
+        prefix = shared_a if i < 17 else shared_b
+        own = 1 + i % 3
+        tables.append(prefix + list(range(nxt, nxt + own)))
+        nxt += own
+        computed.append(len(prefix) * BLOCK + own * BLOCK - 1 - i % 5)
+        new.append(1)
+    tables += [[nxt, nxt + 1], [nxt + 2, nxt + 3, nxt + 4]]
+    computed += [20, 10]
+    new += [1, 30]
+    kv8 = quantized(native_lib, torch.randn(2, (nxt + 5) * BLOCK, kv_heads, dim))
+    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    chosen = backend(native_lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    assert meta.shared_decode is not None and meta.shared_decode.groups.shape[0] == 2
+    got = chosen.layer(LayerAttention(dim ** -0.5)).forward(q, k, v, kv8, meta)
+    want = reference(q, dequantize(kv8, dim), tables, computed, new, None, dim ** -0.5)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_int8_against_float_attention(native_lib):  # noqa: F811
+    """The same step over a float32 cache and its int8 codes: close, not equal."""
+    torch.manual_seed(1)
+    tables, computed, new = [[3, 1, 4, 0], [2, 5]], [50, 0], [1, 30]
+    kv = torch.randn(2, 6 * BLOCK, 3, 64)
+    q, k, v = (torch.randn(31, h, 64) for h in (9, 3, 3))
+    kv8 = quantized(native_lib, kv)
+    chosen = backend(native_lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    got = chosen.layer(LayerAttention(0.125)).forward(q, k, v, kv8, meta)
+    kv[0, meta.common.slot_mapping], kv[1, meta.common.slot_mapping] = k, v
+    want = reference(q, kv, tables, computed, new, None, 0.125)
+    err = (got.double() - want).abs().max().item()
+    assert 0 < err < 0.05
+
+
+def test_pool_rows_carry_their_parameters() -> None:
+    class Spec:
+        num_layers, num_kv_heads, head_dim = 2, 3, 64
+
+    from kvcli.model.attention import kv_cache_bytes_per_block
+
+    pool = allocate_kv_cache(Spec(), 4, BLOCK, INT8_STORAGE, "cpu")
+    assert pool.shape == (2, 2, 4 * BLOCK, 3, 72) and pool.dtype == torch.uint8
+    assert kv_cache_bytes_per_block(Spec(), BLOCK, INT8_STORAGE) * 4 == pool.numel()
+    assert kv_cache_bytes_per_block(Spec(), BLOCK, torch.float32) == 2 * 2 * BLOCK * 3 * 64 * 4
