@@ -15,6 +15,7 @@ from tiny_models import make_tiny_gguf
 from kvcli.checkpoint.gguf_header import GGUFHeaderError, read_gguf_header
 from kvcli.checkpoint.quant_modes import (
     CHOICES,
+    GGUF_INT_TYPES,
     GGUF_MODE_ARCHITECTURES,
     GGUF_MODE_TYPES,
     auto_mode,
@@ -102,6 +103,33 @@ def test_gguf_mode_types_are_what_the_loader_reads():
 
     runnable = set(TYPE_SIZE) & (set(NATIVE_TYPES) | set(_FLOAT_TYPES))
     assert GGUF_MODE_TYPES == runnable
+
+
+def test_gguf_int_types_are_what_the_integer_kernels_take():
+    from kvcli.model.quant.gguf_weights import _FLOAT_TYPES
+    from kvcli.model.quant.int_weights import INT_TYPES
+    from kvcli.model.quant.weights import I8
+
+    assert GGUF_INT_TYPES == (set(INT_TYPES) - {I8}) | set(_FLOAT_TYPES)
+
+
+def test_fast_runs_a_gguf_on_the_integer_kernels_where_they_take_every_type(tiny_models,
+                                                                            tmp_path):
+    """--precision fast under --quantization auto: gguf-int for a Q8_0 file; an explicit mode
+    and the exact preset are unchanged; a type the integer kernels lack (Q4_K) keeps gguf."""
+    q8 = _q8_gguf(tiny_models, tmp_path / "q8.gguf")
+    assert resolve_mode(str(q8), "auto", "cpu", None, "fast") == "gguf-int"
+    assert resolve_mode(str(q8), "auto", "cpu", None, "exact") == "gguf"
+    assert resolve_mode(str(q8), "gguf", "cpu", None, "fast") == "gguf"
+    assert resolve_mode(str(tiny_models["llama"]), "auto", "cpu", None, "fast") is None
+    raw = bytearray(q8.read_bytes())
+    at = raw.index(b"output_norm.weight")
+    n_dims = int.from_bytes(raw[at + 18 : at + 22], "little")
+    type_at = at + 22 + 8 * n_dims
+    raw[type_at : type_at + 4] = (12).to_bytes(4, "little")  # GGML Q4_K: gguf runs it, gguf-int not
+    qk = tmp_path / "qk.gguf"
+    qk.write_bytes(bytes(raw))
+    assert auto_mode(qk, precision="fast") == "gguf"
 
 
 def test_cli_choices_are_the_modes():

@@ -131,7 +131,7 @@ def kvcli_mode(cfg: BenchConfig) -> str | None:
     """The kvcli row's weights: --quantization resolved for --model as generate resolves it."""
     from kvcli.checkpoint.quant_modes import resolve_mode
 
-    return resolve_mode(cfg.model, cfg.quantization, "cpu", cfg.dtype)
+    return resolve_mode(cfg.model, cfg.quantization, "cpu", cfg.dtype, cfg.precision)
 
 
 def llamacpp_peer(cfg: BenchConfig) -> Any:

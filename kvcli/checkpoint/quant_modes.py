@@ -6,7 +6,10 @@ directory) in its own tensor types (``gguf``: no float32 conversion, float32 act
 output identical to the conversion's) where the gguf mode can run it: CPU, float32, a llama-
 architecture file whose tensors all have gguf-mode kernels. Anything else under ``auto``, and
 everything under ``none``, runs float weights: a float checkpoint as it is, a GGUF converted once
-to float32. ``int8`` and ``gguf`` are asked for explicitly.
+to float32. Under ``--precision fast``, ``auto`` runs such a GGUF as ``gguf-int`` instead where
+every matrix is a type the integer kernels take (Q4_0, Q4_1, Q8_0): measured on the default
+model, decode-1 4.1x and prefill 1.8x float32's speed, perplexity +0.18% (docs/BENCHMARKS.md).
+``int8``, ``gguf`` and ``gguf-int`` are asked for explicitly.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ CHOICES = ("auto", "none", *MODES)  # what --quantization accepts
 # GGML tensor types the gguf mode runs (kvcli/model/quant: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K,
 # Q5_K, Q6_K); tests/test_quant_modes.py keeps this equal to what the loader reads.
 GGUF_MODE_TYPES = frozenset({0, 1, 2, 3, 8, 12, 13, 14})
+# The types gguf-int runs (the float ones and Q4_0, Q4_1, Q8_0: kvcli/model/quant/int_weights.py).
+GGUF_INT_TYPES = frozenset({0, 1, 2, 3, 8})
 GGUF_MODE_ARCHITECTURES = ("llama",)  # kvcli/model/quant/gguf_weights.py
 FLOAT32_ACTIVATIONS = (None, "float32", "auto")  # the --dtype values the gguf mode runs under
 
@@ -60,31 +65,42 @@ def spec_gguf(spec: str | None) -> Path | None:
 
 def gguf_runs_natively(gguf: Path) -> bool:
     """Whether the gguf mode can run this file: its architecture and every tensor type."""
+    return _native_types(gguf) is not None
+
+
+def _native_types(gguf: Path) -> frozenset[int] | None:
+    """The file's tensor types where the gguf mode runs it (its architecture, every type)."""
     try:
         header = read_gguf_header(gguf)
     except (OSError, GGUFHeaderError):
-        return False  # the float path reports what is wrong with the file
-    return (header.architecture in GGUF_MODE_ARCHITECTURES
-            and header.tensor_types <= GGUF_MODE_TYPES)
+        return None  # the float path reports what is wrong with the file
+    types = frozenset(header.tensor_types)
+    ok = header.architecture in GGUF_MODE_ARCHITECTURES and types <= GGUF_MODE_TYPES
+    return types if ok else None
 
 
-def auto_mode(gguf: Path | None, device: str = "cpu", dtype: str | None = None) -> str:
+def auto_mode(gguf: Path | None, device: str = "cpu", dtype: str | None = None,
+              precision: str = "exact") -> str:
     """What ``--quantization auto`` runs for a model with this GGUF behind it (None: a float
-    checkpoint): ``gguf`` or ``none``. ``dtype``: --dtype (None: the precision's, float32
-    activations for quantized weights; auto: a GGUF's derived config says float32)."""
-    native = (gguf is not None and device.split(":")[0] == "cpu"
-              and dtype in FLOAT32_ACTIVATIONS and gguf_runs_natively(gguf))
-    return "gguf" if native else "none"
+    checkpoint): ``gguf``, ``gguf-int`` (``precision`` fast, integer-kernel types only) or
+    ``none``. ``dtype``: --dtype (None: the precision's, float32 activations for quantized
+    weights; auto: a GGUF's derived config says float32)."""
+    runs = gguf is not None and device.split(":")[0] == "cpu" and dtype in FLOAT32_ACTIVATIONS
+    types = _native_types(gguf) if runs and gguf is not None else None
+    if types is None:
+        return "none"
+    return "gguf-int" if precision == "fast" and types <= GGUF_INT_TYPES else "gguf"
 
 
 def resolve_mode(spec: str | None, requested: str | None = "auto", device: str = "cpu",
-                 dtype: str | None = None) -> str | None:
-    """The weights the engine loads for ``--model spec --quantization requested``: ``"gguf"``,
-    ``"int8"``, or None (float). ``None`` and ``"none"`` ask for float weights."""
+                 dtype: str | None = None, precision: str = "exact") -> str | None:
+    """The weights the engine loads for ``--model spec --quantization requested`` (under
+    ``--precision precision``): ``"gguf"``, ``"gguf-int"``, ``"int8"``, or None (float).
+    ``None`` and ``"none"`` ask for float weights."""
     if requested in (None, "none"):
         return None
     if requested == "auto":
-        mode = auto_mode(spec_gguf(spec), device, dtype)
+        mode = auto_mode(spec_gguf(spec), device, dtype, precision)
         return None if mode == "none" else mode
     if requested not in MODES:
         raise ValueError(f"--quantization: expected one of {', '.join(CHOICES)}, got {requested!r}")

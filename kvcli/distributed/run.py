@@ -87,7 +87,8 @@ def _load_tokenizer(cfg: GenerateConfig) -> Any:
     from kvcli.tokenizer import Tokenizer
 
     engine = cfg.engine
-    mode = resolve_mode(engine.model, engine.quantization, engine.device, engine.dtype)
+    mode = resolve_mode(engine.model, engine.quantization, engine.device, engine.dtype,
+                        engine.precision)
     model_dir = resolve_model(engine.model, allow_pickle=engine.allow_pickle, quantization=mode)
     tokenizer = Tokenizer.from_dir(model_dir)
     if engine.chat_template is not None:  # --chat-template: as the engines render

@@ -144,7 +144,8 @@ class LLMEngine:
         # "auto" becomes the mode that runs (gguf for a GGUF model, else None: float), so the
         # disk tier's fingerprint and every report name the weights actually loaded.
         config = replace(config, quantization=resolve_mode(config.model, config.quantization,
-                                                           config.device, config.dtype))
+                                                           config.device, config.dtype,
+                                                           config.precision))
         precision = resolve_precision(config.precision, config.dtype, config.device,
                                       quantization=config.quantization)
         model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,

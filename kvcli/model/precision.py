@@ -94,8 +94,11 @@ def check_dtype(dtype: str, device: str) -> None:
 
 def fast_choice(device: str, quantization: str | None = None) -> Precision:
     """The fastest measured combination on this machine: the one place ``--precision fast`` is
-    decided. Quantized weights (``--quantization``) are their own format, with their own
-    activations (float32; int8 for gguf-int, and for int8 where the integer kernels run)."""
+    decided for float weights. Quantized weights (``--quantization``) are their own format,
+    with their own activations (float32; int8 for gguf-int, and for int8 where the integer
+    kernels run); which quantized weights ``auto`` loads under fast (a GGUF's integer-kernel
+    types: gguf-int) is checkpoint/quant_modes.py's ``auto_mode``, decided before loading.
+    The int8 KV cache is not part of fast: no end-to-end gain measured yet."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)
