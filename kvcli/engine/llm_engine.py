@@ -19,6 +19,7 @@ from kvcli.engine import pooling
 from kvcli.engine.admission import check_embedding_prompt, check_prompt
 from kvcli.engine.config import EngineConfig, budget_num_blocks
 from kvcli.engine.kv_cache import KVCacheManager
+from kvcli.engine.loading import computed_dtype, kv_dtype
 from kvcli.engine.metrics import EngineMetrics
 from kvcli.engine.model_runner import ModelRunner
 from kvcli.engine.outputs import CompletionOutput, RequestOutput
@@ -29,35 +30,6 @@ from kvcli.engine.stop import check_stop, final_text, reported_stop_reason
 from kvcli.sampling_params import SamplingParams
 
 NONFINITE_LOGITS = "non-finite logits — damaged weights or an overflow"
-
-
-def _computed_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
-    """What the model computes in (float32 on the CPU whatever --dtype stores the weights in:
-    model/platform.py compute_dtype): the KV cache's dtype for --kv-cache-dtype auto."""
-    computed = getattr(model, "compute_dtype", None)
-    if computed is not None:
-        return computed
-    platform = getattr(model, "platform", None)
-    if platform is not None:
-        return platform.kv_dtype
-    return torch.float32 if config.dtype in (None, "auto") else getattr(torch, config.dtype)
-
-
-def _kv_dtype(model: torch.nn.Module, config: EngineConfig) -> torch.dtype:
-    """The pool's element type: --kv-cache-dtype (ValueError: one no kernel reads under this
-    model), auto = what the model computes in."""
-    from kvcli.model.attention import kv_storage_dtype
-
-    return kv_storage_dtype(config.kv_cache_dtype, _computed_dtype(model, config))
-
-
-def checkpoint_dtype(model_dir: Path) -> str | None:
-    """config.json's ``torch_dtype`` (or transformers' newer ``dtype``), for --dtype auto."""
-    from kvcli.checkpoint.config import load_config_json
-
-    raw = load_config_json(Path(model_dir) / "config.json")
-    value = raw.get("torch_dtype", raw.get("dtype"))
-    return value if isinstance(value, str) else None
 
 
 class LLMEngine:
@@ -71,7 +43,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_model_len = int(model.max_position_embeddings)
         self.vocab_size = int(model.vocab_size)
-        dtype = _kv_dtype(model, config)
+        dtype = kv_dtype(model, config)
         self._use_kv_dtype(dtype)
         num_blocks = config.num_blocks
         if num_blocks is None:
@@ -98,7 +70,7 @@ class LLMEngine:
         setter = getattr(self.model, "set_kv_cache_dtype", None)
         if setter is not None:
             setter(dtype)
-        elif dtype != _computed_dtype(self.model, self.config):
+        elif dtype != computed_dtype(self.model, self.config):
             raise ValueError(f"kv_cache_dtype: {type(self.model).__name__} attends caches in "
                              f"its own dtype only")
 
@@ -135,42 +107,13 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        from kvcli.checkpoint.quant_modes import resolve_mode
-        from kvcli.model.gguf_convert import resolve_model
-        from kvcli.model.loader import load_model, read_eos_token_ids
-        from kvcli.model.precision import resolve_precision
-        from kvcli.tokenizer import Tokenizer
+        """The engine ``config`` describes: its model, weights and tokenizer loaded
+        (engine/loading.py)."""
+        from kvcli.engine.loading import load_parts
 
-        # "auto" becomes the mode that runs (gguf for a GGUF model, else None: float), so the
-        # disk tier's fingerprint and every report name the weights actually loaded.
-        config = replace(config, quantization=resolve_mode(config.model, config.quantization,
-                                                           config.device, config.dtype,
-                                                           config.precision))
-        precision = resolve_precision(config.precision, config.dtype, config.device,
-                                      quantization=config.quantization)
-        model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
-                                       quiet=config.quiet, quantization=config.quantization))
-        if config.dtype == "auto":  # the checkpoint's dtype, where it is fast here
-            precision = resolve_precision(config.precision, "auto", config.device,
-                                          checkpoint_dtype(model_dir), config.quantization)
-        dtype = getattr(torch, precision.weights)
-        # Tokenizer first: its allocations then reuse heap the loader has not yet fragmented,
-        # and the loader's trim returns its scratch (RSS after load 27 MiB lower than the other
-        # order; the peak of `kvcli generate` 10 MiB lower).
-        tokenizer = Tokenizer.from_dir(model_dir)
-        if config.chat_template is not None:
-            tokenizer.set_chat_template(config.chat_template)
-        if config.quantization:
-            from kvcli.model.quant.load import load_quantized
-
-            model = load_quantized(model_dir, config.quantization, dtype, config.device,
-                                   config.allow_pickle)
-        else:
-            model = load_model(model_dir, dtype=dtype, device=config.device,
-                               allow_pickle=config.allow_pickle)
-        model.precision = precision  # what --precision / --dtype chose, for Backend.describe()
-        eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
-        return cls(model, tokenizer, config, eos, model_dir=model_dir)
+        parts = load_parts(config)
+        return cls(parts.model, parts.tokenizer, parts.config, parts.eos_token_ids,
+                   model_dir=parts.model_dir)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int],
