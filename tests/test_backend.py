@@ -11,8 +11,8 @@ from kvcli.cli import main
 from kvcli.engine.llm import LLM
 from kvcli.model import native
 
-KEYS = {"name", "isa", "precision", "decode_attention", "prefill_attention", "batch1_decode", "matmul",
-        "elementwise"}
+KEYS = {"name", "isa", "precision", "kv_cache_dtype", "decode_attention", "prefill_attention",
+        "batch1_decode", "matmul", "elementwise"}
 
 
 def test_native_cpu_backend_names_every_phase(tiny_models) -> None:
