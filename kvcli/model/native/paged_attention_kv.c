@@ -276,19 +276,12 @@ int KV_NAME(kvcli_paged_decode_attention)(const float *q, const kv_t *k, const k
     if (num_threads > MAX_THREADS) num_threads = MAX_THREADS;
     if (num_threads > num_seqs) num_threads = num_seqs;
     if (num_threads < 1) num_threads = 1;
-    int64_t total = 0; /* split sequences into ranges of about equal context length */
-    for (int64_t s = 0; s < num_seqs; s++) total += seq_lens[s];
-    int64_t item = 0, done = 0;
+    int64_t ends[MAX_THREADS]; /* ranges of sequences of about equal context length */
+    kvcli_split_by_length(seq_lens, num_seqs, num_threads, ends);
     for (int64_t t = 0; t < num_threads; t++) {
-        job_t *j = &jobs[t];
-        *j = (job_t){q, k, v, block_tables, seq_lens, out, num_heads, num_kv_heads, head_dim,
-                     block_size, max_blocks, window, scale, item, item, 0};
-        const int64_t target = total * (t + 1) / num_threads;
-        while (item < num_seqs && (done < target || t == num_threads - 1)) {
-            done += seq_lens[item];
-            item++;
-        }
-        j->end = item;
+        const int64_t begin = t ? ends[t - 1] : 0;
+        jobs[t] = (job_t){q, k, v, block_tables, seq_lens, out, num_heads, num_kv_heads,
+                          head_dim, block_size, max_blocks, window, scale, begin, ends[t], 0};
     }
     kvcli_parallel(run_job, jobs, num_threads, KVCLI_SPIN_NS);
     int status = 0;

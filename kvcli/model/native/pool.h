@@ -12,6 +12,24 @@ typedef void (*task_fn)(const void *args, int64_t t, int64_t n);
  * spin_ns waiting for the next job (KVCLI_SPIN_NS when another native call follows soon). */
 void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns);
 
+/* Splits items [0, n) into `threads` contiguous ranges of about equal total `lens` (the work,
+ * e.g. each sequence's context length): range t is [ends[t - 1], ends[t]), range 0 starts at 0,
+ * and the last range ends at n. */
+static inline void kvcli_split_by_length(const int64_t *lens, int64_t n, int64_t threads,
+                                         int64_t *ends) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += lens[i];
+    int64_t item = 0, done = 0;
+    for (int64_t t = 0; t < threads; t++) {
+        const int64_t target = total * (t + 1) / threads;
+        while (item < n && (done < target || t == threads - 1)) {
+            done += lens[item];
+            item++;
+        }
+        ends[t] = item;
+    }
+}
+
 #define KVCLI_SPIN_NS 300000
 /* Calls with at most this many rows are decode-sized: native work follows them. */
 #define KVCLI_DECODE_ROWS 64
