@@ -56,6 +56,26 @@ def test_fast_takes_the_choosers_answer(monkeypatch):
         resolve_precision("turbo", None, "cpu")
 
 
+@pytest.mark.skipif(not native.qint_available(native.load()), reason="no integer kernels here")
+def test_fast_without_native_bf16_runs_int8_on_the_integer_kernels(tiny_models, monkeypatch):
+    """Issue 33: on a CPU without native bfloat16 (Zen 3, older Xeons) fast falls back to the
+    integer kernels, for --quantization auto only: none keeps float weights, as does --dtype."""
+    with_flags(monkeypatch, OLD_CPU)
+    chosen = resolve_precision("fast", None, "cpu", may_quantize=True)
+    assert (chosen.weights, chosen.quantization) == ("float32", "int8"), chosen
+    assert "integer kernels" in chosen.reason
+    assert resolve_precision("fast", None, "cpu").quantization is None  # --quantization none
+    assert resolve_precision("fast", "float32", "cpu").quantization is None  # --dtype float32
+    llm = LLM(str(tiny_models["llama"]), precision="fast")
+    assert llm.engine.config.quantization == "int8"
+    label = llm.engine.runner.backend.describe()["precision"]
+    assert label.startswith("fast: int8 weights, int8 activations per 32 values"), label
+    plain = LLM(str(tiny_models["llama"]), precision="fast", quantization="none")
+    assert plain.engine.config.quantization is None
+    with_flags(monkeypatch, BF16_CPU)
+    assert resolve_precision("fast", None, "cpu", may_quantize=True).weights == "bfloat16"
+
+
 def test_explicit_dtype_overrides_the_preset_and_auto_takes_the_checkpoints(monkeypatch):
     with_flags(monkeypatch, BF16_CPU | {"avx512_fp16"})
     custom = resolve_precision("exact", "bfloat16", "cpu")

@@ -97,7 +97,8 @@ def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], No
         elif name in QUANTIZED:
             systems.append(load_quantized(name, model_dir, cfg))
         elif name in PRECISION_PEERS:
-            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name]))
+            # as `generate --model DIR --precision ...` (its default --quantization auto)
+            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name], "auto"))
         elif name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
             systems.append(_load_kvcli(str(model_dir), cfg, name, "exact", None,
                                        kv_cache_dtype=KV_DTYPES[name]))

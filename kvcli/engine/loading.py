@@ -61,11 +61,14 @@ def load_parts(config: EngineConfig) -> EngineParts:
 
     # "auto" becomes the mode that runs (gguf for a GGUF model, else None: float), so the
     # disk tier's fingerprint and every report name the weights actually loaded.
+    requested = config.quantization
     config = replace(config, quantization=resolve_mode(config.model, config.quantization,
                                                        config.device, config.dtype,
                                                        config.precision))
     precision = resolve_precision(config.precision, config.dtype, config.device,
-                                  quantization=config.quantization)
+                                  quantization=config.quantization,
+                                  may_quantize=requested == "auto")  # none: float weights
+    config = replace(config, quantization=precision.quantization)  # fast may choose int8
     model_dir = Path(resolve_model(config.model, allow_pickle=config.allow_pickle,
                                    quiet=config.quiet, quantization=config.quantization))
     if config.dtype == "auto":  # the checkpoint's dtype, where it is fast here

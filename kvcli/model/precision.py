@@ -92,13 +92,15 @@ def check_dtype(dtype: str, device: str) -> None:
         "(use --dtype float32 or --precision fast)")
 
 
-def fast_choice(device: str, quantization: str | None = None) -> Precision:
+def fast_choice(device: str, quantization: str | None = None,
+                may_quantize: bool = False) -> Precision:
     """The fastest measured combination on this machine: the one place ``--precision fast`` is
     decided for float weights. Quantized weights (``--quantization``) are their own format,
     with their own activations (float32; int8 for gguf-int, and for int8 where the integer
     kernels run); which quantized weights ``auto`` loads under fast (a GGUF's integer-kernel
     types: gguf-int) is checkpoint/quant_modes.py's ``auto_mode``, decided before loading.
-    The int8 KV cache is not part of fast: no end-to-end gain measured yet."""
+    The int8 KV cache is not part of fast: no end-to-end gain measured yet. ``may_quantize``
+    (``--quantization auto``): float weights may become int8 where bfloat16 is not native."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)
@@ -108,13 +110,18 @@ def fast_choice(device: str, quantization: str | None = None) -> Precision:
         return Precision("fast", "bfloat16", "native bfloat16 (AMX-BF16/AVX512_BF16): oneDNN "
                          "bf16 matmuls with float32 sums, about half float32's CPU time where "
                          "rows are many")
+    if may_quantize and native.qint_available(native.load()):  # a CPU without native bf16
+        return Precision("fast", "float32", "no native bfloat16 on this CPU: int8 weights on "
+                         "the integer kernels (decode-1 2.7x, prefill 1.7x float32 on a Xeon)",
+                         "int8")
     return Precision("fast", "float32", "no native bfloat16 on this CPU (emulated is slower "
-                     "than float32)")
+                     "than float32) and no integer kernels")
 
 
 def resolve_precision(preset: str, dtype: str | None, device: str,
                       checkpoint_dtype: str | None = None,
-                      quantization: str | None = None) -> Precision:
+                      quantization: str | None = None,
+                      may_quantize: bool = False) -> Precision:
     """The engine's precision: ``preset`` (exact, fast) for whatever ``dtype`` does not fix.
 
     An explicit ``dtype`` overrides the preset's weights (then the preset is reported as
@@ -127,7 +134,7 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
                              f"got {preset!r}")
     if dtype is None:
         if preset == "fast":
-            return fast_choice(device, quantization)
+            return fast_choice(device, quantization, may_quantize)
         if quantization:
             return Precision("exact", "float32", "quantized: greedy agreement with float32 "
                              "is measured, not guaranteed", quantization)
