@@ -27,8 +27,10 @@ def headless_st_model(source: Path, path: Path, pooling: str, normalize: bool) -
     from sentence_transformers import SentenceTransformer, models
 
     transformer = models.Transformer(str(source))
-    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(),
-                                           pooling_mode=pooling)]
+    # sentence-transformers 6 renamed get_word_embedding_dimension (5 has only the old name)
+    dimension = getattr(transformer, "get_embedding_dimension", None) \
+        or transformer.get_word_embedding_dimension
+    modules = [transformer, models.Pooling(dimension(), pooling_mode=pooling)]
     if normalize:
         modules.append(models.Normalize())
     SentenceTransformer(modules=modules).save(str(path))
