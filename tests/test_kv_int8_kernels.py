@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
-from test_native_prefill_attention import BLOCK, reference
+from test_native_prefill_attention import BLOCK, reference, shuffled_tables
 
 from kvcli.model import native
 from kvcli.model.attention import LayerAttention, allocate_kv_cache, build_attention_metadata
@@ -65,13 +65,7 @@ def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, w
     torch.manual_seed(dim)
     computed = [0, 0, 40, 7, 33, 0, 12, 50, 3]
     new = [1, 17, 16, 33, 1, 70, 5, 1, 1]  # one-token prompt, chunks, decode tokens
-    blocks = list(range(64))
-    rng.shuffle(blocks)
-    tables, at = [], 0
-    for c, n in zip(computed, new, strict=True):
-        count = -(-(c + n) // BLOCK)
-        tables.append(blocks[at:at + count])
-        at += count
+    tables = shuffled_tables(rng, computed, new)
     kv8 = quantized(native_lib, torch.randn(2, 64 * BLOCK, kv_heads, dim) * 3 + 0.5)
     rows = sum(new)
     q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))

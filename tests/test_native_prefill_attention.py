@@ -22,6 +22,19 @@ from kvcli.model.platform import Platform
 BLOCK = 16
 
 
+def shuffled_tables(rng: random.Random, computed: list[int], new: list[int],
+                    pool_blocks: int = 64) -> list[list[int]]:
+    """Each sequence's block table over a shuffled pool: blocks out of order, as after reuse."""
+    blocks = list(range(pool_blocks))
+    rng.shuffle(blocks)
+    tables, at = [], 0
+    for c, n in zip(computed, new, strict=True):
+        count = -(-(c + n) // BLOCK)
+        tables.append(blocks[at:at + count])
+        at += count
+    return tables
+
+
 def native_backend(lib) -> NativeCPUBackend:
     return NativeCPUBackend(Platform(torch.device("cpu"), torch.float32, lib, ""))
 
@@ -58,13 +71,7 @@ def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_li
     torch.manual_seed(dim)
     computed = [0, 0, 40, 7, 33, 0, 12]
     new = [1, 17, 16, 33, 1, 70, 5]  # a one-token prompt; a decode token after 33 cached
-    blocks = list(range(64))
-    rng.shuffle(blocks)
-    tables, at = [], 0
-    for c, n in zip(computed, new, strict=True):
-        count = -(-(c + n) // BLOCK)
-        tables.append(blocks[at:at + count])
-        at += count
+    tables = shuffled_tables(rng, computed, new)
     kv = torch.randn(2, 64 * BLOCK, kv_heads, dim)
     rows = sum(new)
     q, k, v = (torch.randn(rows, h, dim) for h in (heads, kv_heads, kv_heads))
