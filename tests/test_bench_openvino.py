@@ -147,7 +147,7 @@ def test_variants_at_their_defaults_force_nothing_and_report_what_ran(fake_openv
         ("openvino-int8", False, "int8",
          "int8 asym per channel weights, inference bf16, KV u8 (its defaults)"),
         ("openvino-int4", False, "int4",
-         "int4 asym group 64 weights, inference bf16, KV u8 (its defaults)")]
+         "int4 asym group 64, int8 asym backup weights, inference bf16, KV u8 (its defaults)")]
     # the fp32 IR is shared by openvino and openvino-default: three exports for four rows
     assert [Path(r["details"]["ir_dir"]).name for r in rows] == [
         "openvino-fp32", "openvino-fp32", "openvino-int8", "openvino-int4"]
@@ -173,18 +173,19 @@ def test_int_exports_each_get_their_own_ir_once(fake_openvino, tmp_path):
             system = _system(tmp_path, name=name).start()
             system.close()
         assert system.ir_dir == tmp_path / name and not system.needs_export
-        assert system.export_s == 0.0 and system.weights_config["bits"] == int(name[-1])
+        assert system.export_s == 0.0 and system.weights_config["mode"] == f"{name[-4:]}_asym"
         assert options in fake_openvino.read_text().splitlines()[-1]
     assert len(fake_openvino.read_text().splitlines()) == 2
     assert not (tmp_path / IR_DIR_NAME).exists()  # no fp32 export for them
 
 
-def test_weights_text_names_the_quantization():
+def test_weights_text_names_the_compression():
     assert weights_text({}) == "fp32"
-    assert weights_text({"bits": 8, "sym": True, "group_size": -1, "ratio": 1.0}) == (
-        "int8 sym per channel")
-    assert weights_text({"bits": 4, "group_size": 64, "ratio": 0.8}) == (
-        "int4 asym group 64, 80% of layers")
+    assert weights_text({"mode": "int8_sym", "group_size": "-1", "ratio": "1.0",
+                         "backup_mode": "int8_sym"}) == "int8 sym per channel"
+    assert weights_text({"mode": "int4_asym", "group_size": "64", "ratio": "0.8",
+                         "backup_mode": "int8_asym"}) == (
+        "int4 asym group 64, 80% of layers, int8 asym backup")
 
 
 def test_every_variant_is_a_compare_name_needing_the_python(monkeypatch):

@@ -20,7 +20,6 @@ there for later starts), builds the pipeline, and writes {"ready": true, "load_s
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import subprocess
@@ -32,7 +31,7 @@ from typing import Any
 from peer_serve import peak_rss_mb, reset_peak, serve
 
 IR_MODEL = "openvino_model.xml"
-IR_CONFIG = "openvino_config.json"  # optimum's record of the export, with its quantization
+WEIGHT_KEYS = ("mode", "group_size", "ratio", "backup_mode")  # of NNCF's weight_compression
 # float32 everywhere: the CPU plugin would keep the KV cache in u8 and may run bf16/f16
 # kernels; kvcli, vLLM and transformers all run fp32, so greedy outputs must agree.
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32",
@@ -64,15 +63,16 @@ def export_ir(model_dir: str, ir_dir: Path, weight_format: str, options: list[st
     return time.perf_counter() - start
 
 
-def weights_of(ir_dir: Path) -> dict[str, Any]:
-    """The IR's weight quantization as optimum recorded it ({} for float weights): what ran,
-    even if the IR directory was exported by hand or by an older kvcli."""
-    try:
-        config = json.loads((ir_dir / IR_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def weights_of(ir_dir: Path) -> dict[str, str]:
+    """The IR's weight compression as NNCF recorded it in the model's rt_info (mode, group
+    size, ratio, backup mode; {} for float weights): what ran, even for an IR directory
+    exported by hand or by an older kvcli. optimum's openvino_config.json does not say."""
+    import xml.etree.ElementTree as ET
+
+    node = ET.parse(ir_dir / IR_MODEL).getroot().find("rt_info/nncf/weight_compression")
+    if node is None:
         return {}
-    quant = config.get("quantization_config") or {}
-    return {key: quant[key] for key in ("bits", "sym", "group_size", "ratio") if key in quant}
+    return {child.tag: str(child.get("value")) for child in node if child.tag in WEIGHT_KEYS}
 
 
 class Peer:
@@ -150,8 +150,15 @@ def precision_of(properties: dict[str, Any]) -> dict[str, str]:
     import openvino as ov
 
     core = ov.Core()
-    return {key: str(properties[key] if key in properties else core.get_property("CPU", key))
+    return {key: _text(properties[key] if key in properties else core.get_property("CPU", key))
             for key in REPORTED}
+
+
+def _text(value: Any) -> str:
+    """A property's value as OpenVINO spells it: an element type's short name (bf16, u8),
+    not the str() of its openvino.Type ("<Type: 'bfloat16'>")."""
+    name = getattr(value, "get_type_name", None)
+    return str(name() if callable(name) else value)
 
 
 def handle(peer: Peer, request: dict[str, Any]) -> dict[str, Any]:

@@ -71,17 +71,19 @@ def first_unused_token(prompts: list[list[int]]) -> int:
     return next(t for t in range(len(starts) + 1) if t not in starts)
 
 
-def weights_text(config: dict) -> str:
-    """The IR's weights from optimum's quantization_config: fp32 without one, else e.g.
-    "int4 asym group 64" (group -1: one scale per output channel)."""
-    if not config:
+def weights_text(compression: dict) -> str:
+    """The IR's weights from NNCF's record (the runner's weights_of): fp32 without one, else
+    e.g. "int4 asym group 64, int8 asym backup" (group -1: a scale per output channel; the
+    backup mode is that of the layers kept out of int4, the embeddings and head)."""
+    if not compression:
         return "fp32"
-    group = config.get("group_size")
-    grouping = "per channel" if group in (None, -1) else f"group {group}"
-    sym = "sym" if config.get("sym") else "asym"
-    ratio = config.get("ratio")
-    share = "" if ratio in (None, 1, 1.0) else f", {ratio:.0%} of layers"
-    return f"int{config.get('bits', '?')} {sym} {grouping}{share}"
+    mode = compression.get("mode", "?")
+    group = compression.get("group_size", "-1")
+    text = mode.replace("_", " ") + (" per channel" if group == "-1" else f" group {group}")
+    if float(compression.get("ratio", "1")) != 1.0:
+        text += f", {float(compression['ratio']):.0%} of layers"
+    backup = compression.get("backup_mode", mode)
+    return text + ("" if backup == mode else f", {backup.replace('_', ' ')} backup")
 
 
 @dataclass(slots=True)
@@ -98,7 +100,7 @@ class OpenVinoSystem:
     version: str = ""
     reset_s: float = 0.0  # the last before_run's pipeline rebuild, untimed
     properties: dict = field(default_factory=dict)  # the precision it reported running at
-    weights_config: dict = field(default_factory=dict)  # the IR's quantization, as exported
+    weights_config: dict = field(default_factory=dict)  # the IR's compression (NNCF's)
     _peer: PeerProcess | None = field(default=None, init=False)
 
     @property

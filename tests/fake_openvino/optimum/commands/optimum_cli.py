@@ -1,14 +1,13 @@
 """A stand-in for `optimum-cli export openvino ... OUT`: writes a fake IR into OUT.
 
 The fake IR names its --weight-format (the fake pipeline's outputs depend on it), and an
-int8 / int4 export records its quantization in openvino_config.json as optimum does.
+int8 / int4 export records its compression in the IR's rt_info as NNCF does.
 Each call appends its arguments to $FAKE_OPENVINO_EXPORT_LOG (when set), so tests can
 check that the export runs once and is reused; $FAKE_OPENVINO_FAIL_EXPORT makes it fail.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,14 +28,22 @@ def main() -> int:
     out = Path(args[-1])
     out.mkdir(parents=True, exist_ok=True)
     weights = _option(args, "--weight-format")
-    (out / "openvino_model.xml").write_text(f"<net name='fake' weights='{weights}'/>\n",
-                                            encoding="utf-8")
-    if weights in ("int8", "int4"):  # optimum's defaults: asymmetric, int8 per channel
-        group = -1 if weights == "int8" else int(_option(args, "--group-size") or 128)
-        quant = {"bits": int(weights[3:]), "sym": False, "group_size": group, "ratio": 1.0}
-        (out / "openvino_config.json").write_text(json.dumps({"quantization_config": quant}),
-                                                  encoding="utf-8")
+    (out / "openvino_model.xml").write_text(
+        f"<net name='fake' weights='{weights}'>{_rt_info(weights, args)}</net>\n",
+        encoding="utf-8")
     return 0
+
+
+def _rt_info(weights: str | None, args: list[str]) -> str:
+    """NNCF's record of an int8 / int4 compression (optimum's defaults: asymmetric, int8 per
+    channel, int4's embeddings and head kept int8), none for float weights."""
+    if weights not in ("int8", "int4"):
+        return ""
+    group = "-1" if weights == "int8" else _option(args, "--group-size") or "128"
+    fields = {"mode": f"{weights}_asym", "group_size": group, "ratio": "1.0",
+              "backup_mode": "int8_asym", "awq": "False"}
+    items = "".join(f"<{key} value='{value}'/>" for key, value in fields.items())
+    return f"<rt_info><nncf><weight_compression>{items}</weight_compression></nncf></rt_info>"
 
 
 def _option(args: list[str], name: str) -> str | None:
