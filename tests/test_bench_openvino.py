@@ -173,7 +173,7 @@ def test_int_exports_each_get_their_own_ir_once(fake_openvino, tmp_path):
             system = _system(tmp_path, name=name).start()
             system.close()
         assert system.ir_dir == tmp_path / name and not system.needs_export
-        assert system.export_s == 0.0 and system.weights_config["mode"] == f"{name[-4:]}_asym"
+        assert system.export_s == 0.0 and system.compression["mode"] == f"{name[-4:]}_asym"
         assert options in fake_openvino.read_text().splitlines()[-1]
     assert len(fake_openvino.read_text().splitlines()) == 2
     assert not (tmp_path / IR_DIR_NAME).exists()  # no fp32 export for them

@@ -3,7 +3,7 @@
 `--compare openvino-default` runs the same with no precision property forced (OpenVINO's
 CPU defaults: bf16 inference where the CPU has it, a u8 KV cache) and reports what they are;
 openvino-int8 / openvino-int4 do so on an int8 / int4 weight export (args "weight_format",
-"export_options"), whose quantization_config the runner reports as exported.
+"export_options"), whose weight compression the runner reads back from the IR.
 
 Executed by the interpreter given by --openvino-python, so it imports only the standard
 library, openvino and openvino_genai (and peer_serve.py, which is standard library), never

@@ -100,7 +100,7 @@ class OpenVinoSystem:
     version: str = ""
     reset_s: float = 0.0  # the last before_run's pipeline rebuild, untimed
     properties: dict = field(default_factory=dict)  # the precision it reported running at
-    weights_config: dict = field(default_factory=dict)  # the IR's compression (NNCF's)
+    compression: dict = field(default_factory=dict)  # the IR's compression (NNCF's)
     _peer: PeerProcess | None = field(default=None, init=False)
 
     @property
@@ -126,7 +126,7 @@ class OpenVinoSystem:
                 "precision": "f32" if variant.forced_f32 else "default"}
         ready = self._peer.start(args, peer_env({}))
         self.properties = dict(ready.get("precision") or {})
-        self.weights_config = dict(ready.get("weights") or {})
+        self.compression = dict(ready.get("weights") or {})
         self.load_s, self.version = float(ready["load_s"]), str(ready.get("version", ""))
         self.export_s = float(ready.get("export_s", 0.0))
         return self
@@ -140,7 +140,7 @@ class OpenVinoSystem:
     def precision(self) -> str:
         """The report row's precision, from what the runner read back (IR and plugin)."""
         props = self.properties
-        text = (f"{weights_text(self.weights_config)} weights, inference "
+        text = (f"{weights_text(self.compression)} weights, inference "
                 f"{props.get('INFERENCE_PRECISION_HINT', '?')}, KV "
                 f"{props.get('KV_CACHE_PRECISION', '?')}")
         return text + (" (forced)" if self.variant.forced_f32 else " (its defaults)")
