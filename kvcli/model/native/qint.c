@@ -102,25 +102,67 @@ static int weight_offset(const int type, const int64_t variant) {
     return is_byte(type) && variant != 2 ? 128 : 0;
 }
 
+/* One 32-value block to int8: q, its scale d (returned through d) and the sum of the q. The
+ * library's own -march picks the code (the kernel variants' quantized rows are the same); all
+ * round x * (127 / max|x|) to nearest even, as rintf does. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+static inline int quantize_block(const float *v, int8_t *q, float *d) {
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qb));
+    *d = amax / 127.0f;
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+static inline int quantize_block(const float *v, int8_t *q, float *d) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[j] = _mm256_loadu_ps(v + 8 * j)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i qi[4];
+    for (int j = 0; j < 4; j++) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], inv));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
+                                             _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256((__m256i *)q, /* packs work per 128-bit lane: put the 4-byte runs back */
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4e));
+    *d = amax / 127.0f;
+    return _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 0xb1)));
+}
+#else
+static inline int quantize_block(const float *v, int8_t *q, float *d) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const int qj = (int)rintf(v[j] * inv);
+        q[j] = (int8_t)qj;
+        sum += qj;
+    }
+    *d = amax / 127.0f;
+    return sum;
+}
+#endif
+
 /* Rows [r0, r1) of x to int8 blocks: q, d (scale), s (d * sum of the block's q) and, where o is
- * not NULL, o = -off * sum of the block's q (the integer sums' starting value). Written so
- * that the compiler vectorises each 32-value block (-ffast-math: the max and the sum). */
+ * not NULL, o = -off * sum of the block's q (the integer sums' starting value). */
 static void quantize_rows(const float *x, int8_t *q, float *d, float *s, int32_t *o, int off,
                           int64_t r0, int64_t r1, int64_t K) {
     for (int64_t blk = r0 * (K / 32); blk < r1 * (K / 32); blk++) {
-        const float *v = x + blk * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(v[j]));
-        const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t qi[32];
-        for (int j = 0; j < 32; j++) qi[j] = (int32_t)nearbyintf(v[j] * inv);
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            q[blk * 32 + j] = (int8_t)qi[j];
-            sum += qi[j];
-        }
-        d[blk] = scale;
-        s[blk] = scale * (float)sum;
+        const int sum = quantize_block(x + blk * 32, q + blk * 32, d + blk);
+        s[blk] = d[blk] * (float)sum;
         if (o) o[blk] = -off * sum;
     }
 }
