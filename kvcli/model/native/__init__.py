@@ -28,7 +28,7 @@ SOURCES = tuple(Path(__file__).with_name(n)
                 for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
                           "elementwise.c", "qgemm.c", "qint.c", "paged_attention_int8.c",
                           "prefill_attention_int8.c", "paged_attention_bf16.c",
-                          "prefill_attention_bf16.c"))
+                          "prefill_attention_bf16.c", "bf16_gemm.c"))
 # Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
 # once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "qint_kernel.h",
