@@ -27,7 +27,8 @@ SOURCES = tuple(_HERE / n
                 for n in ("qgemm.c", "qint.c", "pool.c", "gemm.c", "paged_attention.c",
                           "prefill_attention.c", "elementwise.c", "paged_attention_int8.c",
                           "prefill_attention_int8.c", "paged_attention_bf16.c",
-                          "prefill_attention_bf16.c"))
+                          "prefill_attention_bf16.c", "decode_step.c",
+                          "bf16_gemm.c"))
 # Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
 # once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
 HEADERS = tuple(_HERE / n for n in ("pool.h", "qblocks.h", "qint_kernel.h", "kv_int8.h",
