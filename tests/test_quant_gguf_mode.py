@@ -186,6 +186,14 @@ def test_kv_pool_pages_come_in_ahead_of_the_writes_not_all_at_once():
     assert int((pool != 0).sum()) == 64 * 256 and bool((pool[0, 0, ::16] == 1.0).all())
 
 
+def test_kv_pool_regions_off_page_boundaries_are_faulted_in_too():
+    """Regions of 1,000 slots of 256 bytes start mid-page; each is faulted in all the same."""
+    pool = zeroed_cpu_tensor((2, 2, 1000, 1, 64), torch.float32, prefault=False)
+    size = pool.numel() * 4
+    _populate(weakref.ref(pool), pool.data_ptr(), size, 4, 256, first=size)
+    assert _resident(pool.data_ptr(), size) >= size and not pool.any()
+
+
 def test_a_dropped_pool_is_freed_while_its_prefault_runs():
     """The prefault thread must not keep a dropped engine's pool (fully faulted in) alive: the
     test suite's in-process engines piled up gigabytes that way."""
