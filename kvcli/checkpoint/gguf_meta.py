@@ -99,7 +99,8 @@ def _derive(gguf_path: Path, out: Path, require_chatml: bool) -> None:
     env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
     cmd = [sys.executable, "-m", "kvcli.checkpoint.gguf_meta", str(gguf_path), str(out),
            "chatml" if require_chatml else "any"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # stdin closed: `kvcli generate -` reads its job from it, which the child must never take.
+    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
     if done.returncode == _REFUSED:
         raise ModelResolveError(done.stdout.strip())
     if done.returncode != 0:
