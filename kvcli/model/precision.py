@@ -3,18 +3,21 @@ once per engine (LLMEngine.from_config) from the CPU's feature flags.
 
 On the CPU, ``--dtype`` chooses how the matmul weights are stored and multiplied; activations,
 norms, RoPE, attention, softmax, sampling and the KV cache stay float32. ``bfloat16`` stores the
-weights in half the bytes and multiplies through torch's oneDNN bf16 GEMM (AMX tiles or
-AVX512_BF16, float32 accumulation; each matmul's input is rounded to bfloat16, its output
-returned in float32; the weights pre-packed for it once at load: packed.py). A CPU without native bf16 or fp16 would emulate them, slower
+weights in half the bytes, laid out once at load for the kernel that multiplies them
+(packed.py; :func:`bf16_kernel` picks it): with AVX512_BF16 but no AMX (AMD Zen 4) kvcli's own
+``vdpbf16ps`` kernel (native/bf16_gemm.c), with AMX-BF16 torch's oneDNN GEMM (AMX tiles);
+each matmul's input rounded to bfloat16, float32 sums, the output float32. A CPU without native bf16 or fp16 would emulate them, slower
 than float32, so those dtypes are refused there with the reason. On another device (CUDA) the
 whole model and its KV cache take ``--dtype``, as before.
 
 Measured on a Xeon with AMX-BF16 (2 vCPUs, loaded; docs/BENCHMARKS.md 2026-12-02): torch's
 ``F.linear`` of 576 x 3,072 weights, 16 rows 0.70 ms bf16 vs 1.41 float32, 256 rows 4.2 vs
 18.2 ms; float16 (AVX512_FP16 without AMX-FP16) 1.27 / 13.5 ms, so float16 is allowed but
-``auto`` and ``fast`` do not choose it. A hand-written ``vdpbf16ps`` kernel for 1-64 rows was
-slower than oneDNN's at every row count (it does as many multiply-adds per cycle as float32
-FMAs; AMX is where the compute is), so there is none.
+``auto`` and ``fast`` do not choose it. A ``vdpbf16ps`` kernel was slower than oneDNN's AMX at
+every row count there, so AMX CPUs keep oneDNN; on Zen 4 (no AMX) oneDNN's bf16 calls cost
+~100-400 us each whatever their size and kvcli's kernel is 1.3-3x faster per decode step.
+``fast`` prefers int8 weights on the integer kernels to bfloat16 wherever there is no AMX
+(half the bytes, VNNI's twice the multiply-adds per instruction; measured faster on Zen 4).
 """
 
 from __future__ import annotations
