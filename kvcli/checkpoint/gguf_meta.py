@@ -93,7 +93,7 @@ def _write_metadata(gguf_path: Path, out: Path, require_chatml: bool) -> None:
 def _derive(gguf_path: Path, out: Path, require_chatml: bool) -> None:
     """:func:`_write_metadata` in a child process: transformers' parse of the vocabulary grows
     the heap by ~700 MB that the job would keep (a fresh ``KVCLI_HOME``'s peak RSS was 2.0 GB
-    against 1.4 GB warm), and the job itself then never imports transformers."""
+    against 1.4 GB warm); the job keeps only the files it wrote."""
     root = str(Path(__file__).resolve().parents[2])  # the child imports this very kvcli
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
