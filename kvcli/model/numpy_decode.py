@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from kvcli.model.blas_threads import AdaptiveThreads
+from kvcli.model.native_step import NativeStep
 
 
 @dataclass(slots=True)
@@ -67,6 +68,8 @@ class NumpyDecoder:
                                                logits])
         platform = model.platform
         self.int8_lib = platform.native if platform.kv_dtype == torch.uint8 else None
+        # Quantized weights: the whole layer stack in one native call (native_step.py).
+        self.native_step = NativeStep.create(model)
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -93,6 +96,9 @@ class NumpyDecoder:
         """Hidden state [1, hidden] after the final norm; writes this token's K/V at ``slot``.
 
         ``context`` holds the flat slots of the whole context (this token's slot last)."""
+        if self.native_step is not None:
+            return self.native_step(self.embed[token], self.cos[position], self.sin[position],
+                                    kv_cache, slot, context)
         if self.threads is None:
             return self._forward(token, position, slot, context, kv_cache)
         self.threads.begin()
