@@ -201,6 +201,13 @@ static inline uint32_t load32(const int8_t *p) {
     return v;
 }
 
+/* Groups per chunk: ~24 KB of packed weights (a whole number of register tiles), which a row
+ * tile then meets tile by tile from L1. */
+static inline int64_t chunk_groups(const int type, const int64_t K, const int64_t tile) {
+    const int64_t groups = 24576 / (K / 32 * tile_bytes(type)) / tile * tile;
+    return groups > tile ? groups : tile;
+}
+
 /* Rows per panel: a panel's quantized rows (K bytes and 12 bytes of scales per 32) stay in L2
  * (~64 KB) while the thread's weights pass by, a multiple of the register tile's rows. */
 static inline int64_t panel_rows(const int64_t K, const int64_t tile) {

@@ -96,8 +96,8 @@ static AI qvi QN(step)(const int type, qvi acc, qvi w, qvi xb) {
 /* The block's exact integer sum(w_byte * qx) - off * sum(qx), as floats. */
 static AI qvf QN(finish)(const int type, qvi acc, const int32_t o) {
 #if QV == 2
-    if (!QN(wide)(type))
-        acc = _mm256_add_epi32(_mm256_madd_epi16(acc, _mm256_set1_epi16(1)), SETI(o));
+    if (!QN(wide)(type)) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+    if (!QN(wide)(type) && type != Q4_1) acc = _mm256_add_epi32(acc, SETI(o)); /* Q4_1: o = 0 */
 #else
     (void)type, (void)o;
 #endif
@@ -170,39 +170,46 @@ static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, con
     }
 }
 
-#define QTILES(MRC) QN(tile)(a, type, i, MRC, nv, g, h)
+/* Rows [i, i + mr) x groups [g0, g1), tile by tile (AVX-512: the last one may be a lone group). */
+static AI void QN(span)(const qint_args *a, const int type, const int64_t i, const int mr,
+                        const int64_t g0, const int64_t g1) {
+    for (int64_t g = g0; g < g1; g += QNV)
+        for (int h = 0; h < HALVES; h++) {
+            if (g + QNV > g1)
+                QN(tile)(a, type, i, mr, 1, g, h);
+            else
+                QN(tile)(a, type, i, mr, QNV, g, h);
+        }
+}
 
-/* Rows [r0, r1) x one register tile's channel vectors, row tile by row tile. */
+#define QSPAN(MRC) QN(span)(a, type, i, MRC, g0, g1)
+
+/* Rows [r0, r1) x groups [g0, g1), row tile by row tile: a tile's quantized rows stay in L1
+ * while they meet every group of the chunk. */
 static AI void QN(rows)(const qint_args *a, const int type, const int64_t r0, const int64_t r1,
-                        const int nv, const int64_t g, const int h) {
+                        const int64_t g0, const int64_t g1) {
     int64_t i = r0;
-    for (; i + QMR <= r1; i += QMR) QTILES(QMR);
+    for (; i + QMR <= r1; i += QMR) QSPAN(QMR);
     switch (r1 - i) {
-    case 1: QTILES(1); break;
-    case 2: QTILES(2); break;
-    case 3: QTILES(3); break;
+    case 1: QSPAN(1); break;
+    case 2: QSPAN(2); break;
+    case 3: QSPAN(3); break;
     default: break;
     }
 }
-#undef QTILES
+#undef QSPAN
 
-/* Groups [g0, g1) of the thread's share: row panel by row panel (panel_rows: its quantized rows
- * stay in L2), and within one, channel tile by channel tile, so a tile's packed weights stay in
- * L1 while every row tile of the panel meets them. */
+/* Groups [g0, g1) of the thread's share: row panel by row panel (its quantized rows stay in L2),
+ * and within one, chunk of groups by chunk (its packed weights stay in L1 / L2 while every row
+ * tile of the panel meets them). */
 static AI void QN(part)(const qint_args *a, const int type, const int64_t t, const int64_t n) {
     const int64_t tiles = ((a->N + GROUP - 1) / GROUP + QNV - 1) / QNV;
     const int64_t g0 = tiles * t / n * QNV, g1 = tiles * (t + 1) / n * QNV;
     const int64_t groups = (a->N + GROUP - 1) / GROUP, end = g1 < groups ? g1 : groups;
-    const int64_t panel = panel_rows(a->K, QMR);
+    const int64_t panel = panel_rows(a->K, QMR), chunk = chunk_groups(type, a->K, QNV);
     for (int64_t r0 = 0; r0 < a->M; r0 += panel) {
         const int64_t r1 = r0 + panel < a->M ? r0 + panel : a->M;
-        for (int64_t g = g0; g < end; g += QNV) {
-            if (g + QNV > end) {
-                for (int h = 0; h < HALVES; h++) QN(rows)(a, type, r0, r1, 1, g, h);
-                continue;
-            }
-            for (int h = 0; h < HALVES; h++) QN(rows)(a, type, r0, r1, QNV, g, h);
-        }
+        for (int64_t g = g0; g < end; g += chunk) QN(rows)(a, type, r0, r1, g, g + chunk < end ? g + chunk : end);
     }
 }
 
