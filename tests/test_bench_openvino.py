@@ -18,10 +18,13 @@ from tiny_models import make_tiny_model
 
 from kvcli.bench.openvino_system import (
     IR_DIR_NAME,
+    VARIANTS,
     OpenVinoSystem,
     OpenVinoUnavailable,
     first_unused_token,
+    weights_text,
 )
+from kvcli.bench.suite import parse_compare
 from kvcli.bench.systems import pages_needed
 from kvcli.cli import main
 
@@ -37,8 +40,9 @@ def fake_openvino(monkeypatch, tmp_path):
     return tmp_path / "exports.log"
 
 
-def _system(model_dir: Path, python: Path = Path(sys.executable)) -> OpenVinoSystem:
-    return OpenVinoSystem(python, model_dir, 1024, 1)
+def _system(model_dir: Path, python: Path = Path(sys.executable),
+            name: str = "openvino") -> OpenVinoSystem:
+    return OpenVinoSystem(python, model_dir, 1024, 1, name=name)
 
 
 def test_runner_exports_once_and_outputs_travel(fake_openvino, tmp_path):
@@ -127,27 +131,67 @@ def test_cli_side_by_side_with_the_peer(fake_openvino, tmp_path, monkeypatch):
     assert kv["outputs_match"] is True
 
 
-def test_openvino_default_forces_no_precision_and_reports_its_own(fake_openvino, tmp_path,
-                                                                  monkeypatch):
+def test_variants_at_their_defaults_force_nothing_and_report_what_ran(fake_openvino, tmp_path,
+                                                                     monkeypatch):
     model_dir = make_tiny_model("llama", tmp_path / "llama")
     monkeypatch.setenv("KVCLI_OPENVINO_PYTHON", sys.executable)
     result = CliRunner().invoke(main, ["bench", "--workload", "shared-prefix", "--model",
-                                       str(model_dir), "--compare", "openvino,openvino-default",
+                                       str(model_dir), "--compare", ",".join(VARIANTS),
                                        "--json", "-q", *SMALL])
     assert result.exit_code == 0, result.output
-    _, forced, default = json.loads(result.stdout)["systems"]
-    assert (forced["name"], forced["exact"]) == ("openvino", True)
-    assert forced["precision"] == "inference f32, KV f32 (forced)"
-    assert (default["name"], default["exact"], default["weights"]) == (
-        "openvino-default", False, "defaults")
-    assert default["precision"] == "inference bf16, KV u8 (its defaults)"
-    # the stand-in drifts from the third token at its defaults: the pipeline got no f32 hints
+    _, *rows = json.loads(result.stdout)["systems"]
+    got = [(r["name"], r["exact"], r["weights"], r["precision"]) for r in rows]
+    assert got == [
+        ("openvino", True, "float32", "fp32 weights, inference f32, KV f32 (forced)"),
+        ("openvino-default", False, "defaults", "fp32 weights, inference bf16, KV u8 (its defaults)"),
+        ("openvino-int8", False, "int8",
+         "int8 asym per channel weights, inference bf16, KV u8 (its defaults)"),
+        ("openvino-int4", False, "int4",
+         "int4 asym group 64, int8 asym backup weights, inference bf16, KV u8 (its defaults)")]
+    # the fp32 IR is shared by openvino and openvino-default: three exports for four rows
+    assert [Path(r["details"]["ir_dir"]).name for r in rows] == [
+        "openvino-fp32", "openvino-fp32", "openvino-int8", "openvino-int4"]
+    assert len(fake_openvino.read_text().splitlines()) == 3
+    # the stand-in drifts from the third token by the IR's weights: each ran its own IR,
+    # and none at its defaults got the f32 hints
     runs = []
-    for defaults in (False, True):
-        system = OpenVinoSystem(Path(sys.executable), model_dir, 1024, 1, defaults=defaults)
+    for name in VARIANTS:
+        system = _system(model_dir, name=name)
         try:
             system.start().before_run(PROMPTS, 4)
             runs.append(system.run(PROMPTS, 4).outputs)
         finally:
             system.close()
-    assert [o[:2] for o in runs[0]] == [o[:2] for o in runs[1]] and runs[0] != runs[1]
+    assert all([o[:2] for o in run] == [o[:2] for o in runs[0]] for run in runs)
+    assert len({json.dumps(run) for run in runs}) == len(VARIANTS)
+
+
+def test_int_exports_each_get_their_own_ir_once(fake_openvino, tmp_path):
+    for name, options in (("openvino-int8", "--weight-format int8 "),
+                          ("openvino-int4", "--weight-format int4 --group-size 64 ")):
+        for _ in range(2):  # the second start reuses the IR
+            system = _system(tmp_path, name=name).start()
+            system.close()
+        assert system.ir_dir == tmp_path / name and not system.needs_export
+        assert system.export_s == 0.0 and system.compression["mode"] == f"{name[-4:]}_asym"
+        assert options in fake_openvino.read_text().splitlines()[-1]
+    assert len(fake_openvino.read_text().splitlines()) == 2
+    assert not (tmp_path / IR_DIR_NAME).exists()  # no fp32 export for them
+
+
+def test_weights_text_names_the_compression():
+    assert weights_text({}) == "fp32"
+    assert weights_text({"mode": "int8_sym", "group_size": "-1", "ratio": "1.0",
+                         "backup_mode": "int8_sym"}) == "int8 sym per channel"
+    assert weights_text({"mode": "int4_asym", "group_size": "64", "ratio": "0.8",
+                         "backup_mode": "int8_asym"}) == (
+        "int4 asym group 64, 80% of layers, int8 asym backup")
+
+
+def test_every_variant_is_a_compare_name_needing_the_python(monkeypatch):
+    assert parse_compare(",".join(VARIANTS)) == list(VARIANTS)
+    monkeypatch.delenv("KVCLI_OPENVINO_PYTHON", raising=False)
+    result = CliRunner().invoke(main, ["bench", "--workload", "decode-1", "--compare",
+                                       "hf-generate,openvino-int4"])
+    assert result.exit_code == 2
+    assert "--compare openvino-int4 needs --openvino-python" in result.output

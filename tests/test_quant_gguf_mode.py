@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 from test_quant_model import _greedy, quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture
 
 from kvcli.checkpoint import gguf_meta
+from kvcli.checkpoint.convert import ModelResolveError
 from kvcli.cli import main
 from kvcli.kvstore.fingerprint import weights_digest
 from kvcli.model.gguf_convert import resolve_model
@@ -48,16 +52,16 @@ def test_gguf_mode_directory_equals_the_conversion(quant_gguf, kvcli_home):  # n
 def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, kvcli_home,  # noqa: F811
                                                                    monkeypatch):
     first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
-    real = gguf_meta._write_metadata
+    real = gguf_meta._derive
 
     def refuse(*args):
         raise AssertionError("derived again")
 
-    monkeypatch.setattr(gguf_meta, "_write_metadata", refuse)
+    monkeypatch.setattr(gguf_meta, "_derive", refuse)
     assert resolve_model(str(quant_gguf), quiet=True, quantization="gguf") == first
     (first / gguf_meta._DONE).unlink()  # as if killed before its last write
     calls = []
-    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(gguf_meta, "_derive", lambda *a: calls.append(a) or real(*a))
     assert resolve_model(str(quant_gguf), quiet=True, quantization="gguf") == first
     assert len(calls) == 1 and gguf_meta.linked_gguf(first) is not None
 
@@ -68,8 +72,8 @@ def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, kvcli_ho
     copy = tmp_path / "elsewhere" / "copy.gguf"
     copy.parent.mkdir()
     shutil.copyfile(quant_gguf, copy)
-    real, calls = gguf_meta._write_metadata, []
-    monkeypatch.setattr(gguf_meta, "_write_metadata", lambda *a: calls.append(a) or real(*a))
+    real, calls = gguf_meta._derive, []
+    monkeypatch.setattr(gguf_meta, "_derive", lambda *a: calls.append(a) or real(*a))
     second = resolve_model(str(copy), quiet=True, quantization="gguf")
     assert calls == []  # not derived again
     assert second != first and gguf_meta.linked_gguf(second) == copy.resolve()
@@ -93,6 +97,22 @@ def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
     return [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
 
 
+def test_deriving_runs_in_a_child_whose_refusal_is_the_error(quant_gguf, kvcli_home,  # noqa: F811
+                                                             tmp_path):
+    """The child's ModelResolveError (no ChatML template where one is required) reaches the
+    caller as the same message; the files it derived are the directory's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ModelResolveError, match="no ChatML chat template"):
+        gguf_meta._derive(quant_gguf, out, require_chatml=True)
+    again = tmp_path / "again"
+    again.mkdir()
+    gguf_meta._derive(quant_gguf, again, require_chatml=False)
+    assert (again / "config.json").is_file() and (again / "tokenizer.json").is_file()
+    with pytest.raises(ModelResolveError, match="reading its config and tokenizer failed"):
+        gguf_meta._derive(tmp_path / "missing.gguf", tmp_path, require_chatml=False)
+
+
 def test_cli_gguf_mode_runs_without_a_conversion(quant_gguf, kvcli_home, tmp_path):  # noqa: F811
     quant = _run(tmp_path, "q.jsonl", "--model", str(quant_gguf), "--quantization", "gguf")
     assert _conversions(kvcli_home) == []
@@ -109,8 +129,56 @@ def test_kv_pool_is_zero_and_prefaulting_keeps_what_was_written():
     pool = zeroed_cpu_tensor((4, 1 << 18), torch.float32, prefault=False)  # 4 MiB
     assert pool.is_contiguous() and not pool.any()
     pool[1, 7] = 3.5
-    _populate(weakref.ref(pool), pool.data_ptr(), pool.numel() * 4)
+    size = pool.numel() * 4
+    _populate(weakref.ref(pool), pool.data_ptr(), size, first=size)
     assert pool[1, 7] == 3.5 and int((pool != 0).sum()) == 1
+
+
+def _resident(address: int, size: int) -> int:
+    """Bytes of [address, address + size) in memory (mincore; page-aligned address)."""
+    import ctypes
+    import mmap
+
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(address, size, vec) == 0
+    return sum(v & 1 for v in vec) * mmap.PAGESIZE
+
+
+def _until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds  # a liveness bound, not a timing: it passes at once
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_kv_pool_pages_come_in_ahead_of_the_writes_not_all_at_once():
+    """A one-line job touches a few blocks: the pool's regions (layer x K/V) are faulted in
+    from their starts, and further only once the engine has written into the second half of
+    what is in, so its memory follows its use (the default pool was 1 GiB of RSS at once)."""
+    shape = (2, 2, 4096, 1, 64)  # 4 regions of 4,096 slots of 256 bytes: 1 MiB each
+    pool = zeroed_cpu_tensor(shape, torch.float32, prefault=False)
+    base, region, first = pool.data_ptr(), 1 << 20, 64 << 10
+    worker = threading.Thread(target=_populate, args=(weakref.ref(pool), base, 4 * region, 4,
+                                                      256, first))
+    worker.start()
+    in_all = lambda n: all(_resident(base + r * region, region) >= n for r in range(4))  # noqa: E731
+    assert _until(lambda: in_all(first))
+    for block in range(8):  # 16-slot blocks from the first: slots 0-127, the first half
+        pool[0, 0, block * 16] = 1.0
+    time.sleep(0.1)  # none in the second half yet: nothing more comes in
+    assert _resident(base, region) == first
+    pool[0, 0, 8 * 16] = 1.0  # block 8: slot 128 = 32 KiB, the second half
+    assert _until(lambda: in_all(2 * first))
+    for block in range(9, 4096 // 16):  # the engine goes on filling the pool
+        pool[0, 0, block * 16] = 1.0
+    worker.join(30)
+    assert not worker.is_alive() and in_all(region)
+    assert int((pool != 0).sum()) == 64 * 256 and bool((pool[0, 0, ::16] == 1.0).all())
 
 
 def test_a_dropped_pool_is_freed_while_its_prefault_runs():

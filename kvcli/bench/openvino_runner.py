@@ -1,14 +1,16 @@
 """Run OpenVINO GenAI's continuous batching for `kvcli bench --compare openvino`, in its Python.
 
 `--compare openvino-default` runs the same with no precision property forced (OpenVINO's
-CPU defaults: bf16 inference where the CPU has it, a u8 KV cache) and reports what they are.
+CPU defaults: bf16 inference where the CPU has it, a u8 KV cache) and reports what they are;
+openvino-int8 / openvino-int4 do so on an int8 / int4 weight export (args "weight_format",
+"export_options"), whose weight compression the runner reads back from the IR.
 
 Executed by the interpreter given by --openvino-python, so it imports only the standard
 library, openvino and openvino_genai (and peer_serve.py, which is standard library), never
 kvcli. Protocol, one JSON object per line (peer_serve.py runs the loop): the runner exports
-the model to OpenVINO IR once if `ir_dir` has none (optimum-cli, fp32; cached there for
-later starts), builds the pipeline, and writes {"ready": true, "load_s": ..., "export_s":
-...}. Then it answers two kinds of lines:
+the model to OpenVINO IR once if `ir_dir` has none (optimum-cli at "weight_format"; cached
+there for later starts), builds the pipeline, and writes {"ready": true, "load_s": ...,
+"export_s": ..., "precision": {...}, "weights": {...}}. Then it answers two kinds of lines:
   {"reset": {"num_kv_blocks": n, "warm_token": t}}  a fresh pipeline (OpenVINO has no
       prefix-cache reset) with an n-block KV cache, warmed by one request [t]; untimed.
   {"prompts": [[ids]], "max_new_tokens": n}  one timed batch: outputs, first-token times,
@@ -29,6 +31,7 @@ from typing import Any
 from peer_serve import peak_rss_mb, reset_peak, serve
 
 IR_MODEL = "openvino_model.xml"
+WEIGHT_KEYS = ("mode", "group_size", "ratio", "backup_mode")  # of NNCF's weight_compression
 # float32 everywhere: the CPU plugin would keep the KV cache in u8 and may run bf16/f16
 # kernels; kvcli, vLLM and transformers all run fp32, so greedy outputs must agree.
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32",
@@ -40,7 +43,7 @@ LOAD_BLOCKS = 64  # the KV cache of the pipeline built at load, before any workl
 REPORTED = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
 
 
-def export_ir(model_dir: str, ir_dir: Path) -> float:
+def export_ir(model_dir: str, ir_dir: Path, weight_format: str, options: list[str]) -> float:
     """The IR of `model_dir` in `ir_dir` (written once, then reused); seconds spent exporting."""
     if (ir_dir / IR_MODEL).is_file():
         return 0.0
@@ -49,7 +52,7 @@ def export_ir(model_dir: str, ir_dir: Path) -> float:
     shutil.rmtree(temp, ignore_errors=True)
     command = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino",
                "--model", model_dir, "--task", "text-generation-with-past",
-               "--weight-format", "fp32", str(temp)]
+               "--weight-format", weight_format, *options, str(temp)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # a local directory: never the network
     done = subprocess.run(command, env=env, stdout=sys.stderr, stderr=sys.stderr, check=False)
     if done.returncode != 0 or not (temp / IR_MODEL).is_file():
@@ -58,6 +61,18 @@ def export_ir(model_dir: str, ir_dir: Path) -> float:
                            f"{done.returncode}); is optimum-intel[openvino] installed?")
     os.replace(temp, ir_dir)  # readers see no IR or a whole one
     return time.perf_counter() - start
+
+
+def weights_of(ir_dir: Path) -> dict[str, str]:
+    """The IR's weight compression as NNCF recorded it in the model's rt_info (mode, group
+    size, ratio, backup mode; {} for float weights): what ran, even for an IR directory
+    exported by hand or by an older kvcli. optimum's openvino_config.json does not say."""
+    import xml.etree.ElementTree as ET
+
+    node = ET.parse(ir_dir / IR_MODEL).getroot().find("rt_info/nncf/weight_compression")
+    if node is None:
+        return {}
+    return {child.tag: str(child.get("value")) for child in node if child.tag in WEIGHT_KEYS}
 
 
 class Peer:
@@ -120,12 +135,14 @@ def _int64_row(ids: list[int]) -> Any:
 def load(args: dict[str, Any]) -> tuple[Peer, dict[str, Any]]:
     import openvino_genai as ov_genai  # first: its absence is the error to report
 
-    export_s = export_ir(str(args["model"]), Path(args["ir_dir"]))
+    ir_dir = Path(args["ir_dir"])
+    export_s = export_ir(str(args["model"]), ir_dir, str(args.get("weight_format", "fp32")),
+                         [str(o) for o in args.get("export_options", [])])
     peer = Peer(args)
     peer.build(LOAD_BLOCKS, 0)
     version = str(getattr(ov_genai, "__version__", "unknown"))
     return peer, {"version": version, "export_s": round(export_s, 2),
-                  "precision": precision_of(peer.properties)}
+                  "precision": precision_of(peer.properties), "weights": weights_of(ir_dir)}
 
 
 def precision_of(properties: dict[str, Any]) -> dict[str, str]:
@@ -133,8 +150,15 @@ def precision_of(properties: dict[str, Any]) -> dict[str, str]:
     import openvino as ov
 
     core = ov.Core()
-    return {key: str(properties[key] if key in properties else core.get_property("CPU", key))
+    return {key: _text(properties[key] if key in properties else core.get_property("CPU", key))
             for key in REPORTED}
+
+
+def _text(value: Any) -> str:
+    """A property's value as OpenVINO spells it: an element type's short name (bf16, u8),
+    not the str() of its openvino.Type ("<Type: 'bfloat16'>")."""
+    name = getattr(value, "get_type_name", None)
+    return str(name() if callable(name) else value)
 
 
 def handle(peer: Peer, request: dict[str, Any]) -> dict[str, Any]:

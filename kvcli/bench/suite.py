@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcli.bench.openvino_system import VARIANTS as OPENVINO_VARIANTS
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 from kvcli.engine.config import EngineConfig
 
@@ -18,7 +19,7 @@ QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
 # kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
 KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
-OPENVINO_PEERS = ("openvino", "openvino-default")  # float32 forced / its own defaults
+OPENVINO_PEERS = tuple(OPENVINO_VARIANTS)  # float32 forced / its defaults on fp32, int8, int4
 PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
          "llamacpp", *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
@@ -203,11 +204,10 @@ def start_openvino(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], 
 
     assert cfg.openvino_python is not None  # checked by the command before any loading
     system = OpenVinoSystem(cfg.openvino_python, model_dir, cfg.max_num_batched_tokens,
-                            cfg.threads or torch.get_num_threads(), name=name,
-                            defaults=name == "openvino-default")
+                            cfg.threads or torch.get_num_threads(), name=name)
     if system.needs_export:
-        progress(f"  exporting the model to OpenVINO IR in {system.ir_dir} (once, about a "
-                 "minute; not timed)")
+        progress(f"  exporting the model to OpenVINO IR ({system.variant.weight_format} weights) "
+                 f"in {system.ir_dir} (once, a minute or more; not timed)")
     system.start()
     progress(f"  {name} {system.version} loaded in {system.load_s:.1f} s ({system.precision})")
     return system

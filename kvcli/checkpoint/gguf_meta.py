@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +31,7 @@ from kvcli.checkpoint.integrity import sha256_file
 
 LINK = "model.gguf"
 _DONE = "kvcli_gguf.json"  # written last: a directory without it is unfinished
+_REFUSED = 3  # the child's exit status for a GGUF it cannot derive a model from (its message)
 
 
 def linked_gguf(model_dir: Path) -> Path | None:
@@ -86,6 +90,36 @@ def _write_metadata(gguf_path: Path, out: Path, require_chatml: bool) -> None:
         raise ModelResolveError(f"{gguf_path}: the GGUF has no ChatML chat template")
 
 
+def _derive(gguf_path: Path, out: Path, require_chatml: bool) -> None:
+    """:func:`_write_metadata` in a child process: transformers' parse of the vocabulary grows
+    the heap by ~700 MB that the job would keep (a fresh ``KVCLI_HOME``'s peak RSS was 2.0 GB
+    against 1.4 GB warm), and the job itself then never imports transformers."""
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this very kvcli
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    cmd = [sys.executable, "-m", "kvcli.checkpoint.gguf_meta", str(gguf_path), str(out),
+           "chatml" if require_chatml else "any"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode == _REFUSED:
+        raise ModelResolveError(done.stdout.strip())
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ModelResolveError(f"{gguf_path}: reading its config and tokenizer failed "
+                                f"(exit {done.returncode}): {tail}")
+
+
+def _main(gguf: str, out: str, template: str) -> int:
+    from kvcli.checkpoint.progress import ModelProgress
+
+    try:
+        with ModelProgress(quiet=True).library_output():
+            _write_metadata(Path(gguf), Path(out), require_chatml=template == "chatml")
+    except ModelResolveError as err:
+        print(err)
+        return _REFUSED
+    return 0
+
+
 def _same_content(root: Path, digest: str) -> Path | None:
     """A finished directory under ``root`` made from a GGUF with this SHA-256: its metadata
     files are this file's (they are derived from its bytes alone)."""
@@ -117,9 +151,13 @@ def gguf_model_dir(gguf_path: Path, dest: Path, *, label: str, require_chatml: b
         else:
             progress.phase(f"reading the config and tokenizer of {label} ({gguf_path.name}) "
                            "for --quantization gguf (first use only)")
-            _write_metadata(gguf_path, temp, require_chatml)
+            _derive(gguf_path, temp, require_chatml)
         (temp / LINK).symlink_to(gguf_path.resolve())
         done = {"source": str(gguf_path.resolve()), "sha256": digest}
         (temp / _DONE).write_text(json.dumps(done) + "\n", encoding="utf-8")
     progress.phase(f"ready in {time.monotonic() - started:.1f} s")
     return dest
+
+
+if __name__ == "__main__":  # _derive's child
+    sys.exit(_main(*sys.argv[1:]))

@@ -43,8 +43,10 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
                                 "(default float32)."})
 @click.option("--compare", default="hf-generate", show_default=True, callback=_compare,
               help="Comma-separated peers: hf-generate, hf-generate-batch, kvcli-no-cache, "
-                   "vllm, openvino (float32 forced), openvino-default (its own precision "
-                   "defaults), llamacpp (llama-server on the same GGUF), kvcli-gguf, kvcli-int8 "
+                   "vllm, openvino (float32 forced), openvino-default, openvino-int8, "
+                   "openvino-int4 (OpenVINO's own CPU defaults on its fp32 / int8 / int4 "
+                   "weight exports), llamacpp (llama-server on the same GGUF), kvcli-gguf, "
+                   "kvcli-gguf-int, kvcli-int8 "
                    "(kvcli on quantized weights), kvcli-bf16, kvcli-fast (kvcli at --dtype "
                    "bfloat16 / --precision fast), kvcli-int8kv, kvcli-bf16kv (kvcli with an "
                    "int8 / bfloat16 KV cache): the inexact ones' greedy agreement with kvcli "
@@ -59,7 +61,7 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
                    "(env KVCLI_VLLM_PYTHON).")
 @click.option("--openvino-python", type=click.Path(dir_okay=False, path_type=Path),
               envvar="KVCLI_OPENVINO_PYTHON",
-              help="--compare openvino: the python of a venv with openvino-genai and "
+              help="--compare openvino*: the python of a venv with openvino-genai and "
                    "optimum-intel (env KVCLI_OPENVINO_PYTHON).")
 @click.option("--num-prompts", type=click.IntRange(min=1),
               help="Requests per workload (default: shared-prefix 32, chat-sessions 16, "
@@ -107,7 +109,7 @@ def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as
     --calibrate measures kvcli alone (prefill and decode tokens/s, no prefix cache) once per
     model, CPU and dtype, and stores it for `kvcli audit`.
     """
-    from kvcli.bench.suite import BenchConfig, expand_workloads
+    from kvcli.bench.suite import OPENVINO_PEERS, BenchConfig, expand_workloads
 
     if calibrate:
         _calibrate(ctx, workloads, dtype or "float32", as_json, quiet, opts)
@@ -122,10 +124,12 @@ def bench(ctx: click.Context, workloads: tuple[str, ...], compare: list[str], as
         from kvcli.bench.vllm_system import INSTALL_HINT
 
         raise click.UsageError(f"--compare vllm needs --vllm-python PATH; {INSTALL_HINT}")
-    if {"openvino", "openvino-default"} & set(compare) and opts.get("openvino_python") is None:
+    openvino = [name for name in compare if name in OPENVINO_PEERS]
+    if openvino and opts.get("openvino_python") is None:
         from kvcli.bench.openvino_system import INSTALL_HINT as OPENVINO_HINT
 
-        raise click.UsageError(f"--compare openvino needs --openvino-python PATH; {OPENVINO_HINT}")
+        raise click.UsageError(f"--compare {openvino[0]} needs --openvino-python PATH; "
+                               f"{OPENVINO_HINT}")
     if "llamacpp" in compare and opts.get("llamacpp_server") is None:
         from kvcli.bench.llamacpp_system import INSTALL_HINT as LLAMACPP_HINT
 

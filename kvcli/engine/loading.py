@@ -56,9 +56,12 @@ def load_parts(config: EngineConfig) -> EngineParts:
     from kvcli.checkpoint.quant_modes import resolve_mode
     from kvcli.model.gguf_convert import resolve_model
     from kvcli.model.loader import load_model, read_eos_token_ids
+    from kvcli.model.native import build
     from kvcli.model.precision import resolve_precision
     from kvcli.tokenizer import Tokenizer
 
+    if torch.device(config.device).type == "cpu":  # compiles (first use) while the model loads
+        build.start()
     # "auto" becomes the mode that runs (gguf for a GGUF model, else None: float), so the
     # disk tier's fingerprint and every report name the weights actually loaded.
     requested = config.quantization

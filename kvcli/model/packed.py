@@ -1,60 +1,115 @@
-"""bfloat16/float16 matmul weights pre-packed once in oneDNN's blocked layout (--dtype on CPU).
+"""bfloat16/float16 matmul weights laid out once at load for the kernel that multiplies them
+(--dtype on CPU): :func:`pack_narrow_weights` turns each Linear's weight into a
+:class:`PackedWeight` (the plain matrix is freed: one copy of the weights), and a tied output
+layer gets a packed copy of the embedding (the embedding itself stays plain for the lookup).
 
-oneDNN's AMX/AVX512_BF16 GEMM reads its weights in a blocked layout; given a plain ``[out, in]``
-matrix it re-lays it out on every call, which is most of a decode step's matmul time (the
-weights stream once per step). :func:`pack_narrow_weights` does that once at load: each Linear's
-weight becomes a :class:`PackedWeight` (the plain matrix is freed), and a tied output layer
-gets a packed copy of the embedding (the embedding itself stays plain for the lookup).
-Measured on a Xeon with AMX-BF16, one thread, CPU time of SmolLM2-135M's 121 matmuls of one
-step (docs/BENCHMARKS.md 2026-12-02): 1 row 33 ms packed vs 47 plain vs 57 float32; 32 rows
-50-53 vs 57 vs 119; 1,024 rows equal within noise.
+Two kernels, chosen by precision.bf16_kernel from the CPU's flags:
+
+* ``avx512-bf16`` (bfloat16 weights where /proc/cpuinfo has ``avx512_bf16`` and the kernels
+  are built: native/bf16_gemm.c): ``vdpbf16ps`` on weights in pairs of k, every row count.
+  On AMD Zen 4 (AVX512_BF16, no AMX) oneDNN's bf16 GEMM costs ~100-400 us per call whatever
+  its size, which is most of a decode step's 121 matmuls (docs/BENCHMARKS.md).
+* ``onednn``: oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``); given a
+  plain ``[out, in]`` matrix oneDNN re-lays it out on every call. Float16, CPUs with AMX-BF16
+  but not AVX512_BF16's kernel built, and ``KVCLI_BF16_GEMM=onednn``. Measured on a Xeon with
+  AMX-BF16, one thread, CPU time of SmolLM2-135M's 121 matmuls of one step: 1 row 33 ms
+  packed vs 47 plain vs 57 float32; 32 rows 50-53 vs 57 vs 119; 1,024 rows equal within noise.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
+from functools import cache
 
+import numpy as np
 import torch
 from torch import nn
 
+from kvcli.model import native
 from kvcli.model.layers import Linear
+from kvcli.model.precision import bf16_kernel
 
 ROWS_HINT = 32  # the row count oneDNN chooses the blocked layout for (1 and 1,024 within 10%)
+_P = ctypes.c_void_p
+
+
+@cache
+def _lib() -> ctypes.CDLL | None:
+    """The kernels with bf16_gemm.c's entry points typed, where the build has them."""
+    lib = native.load()
+    if lib is None or not lib.kvcli_bf16_gemm_available():
+        return None
+    lib.kvcli_bf16_gemm.argtypes = [_P, _P, _P, _P, *[ctypes.c_int64] * 4]
+    lib.kvcli_bf16_gemm.restype = ctypes.c_int
+    lib.kvcli_bf16_pack.argtypes = [_P, _P, *[ctypes.c_int64] * 2]
+    lib.kvcli_bf16_pack.restype = None
+    return lib
 
 
 @dataclass(eq=False)
 class PackedWeight:
-    """An ``[out, in]`` weight in oneDNN's blocked layout; computes in float32 out."""
+    """An ``[out, in]`` weight in a kernel's layout; computes in float32 out."""
 
-    packed: torch.Tensor  # an opaque mkldnn tensor
+    packed: torch.Tensor  # avx512-bf16: int16 [N / 16 * K / 2 * 32]; onednn: an opaque tensor
     shape: tuple[int, int]
     dtype: torch.dtype  # bfloat16 or float16: what x is rounded to
+    kernel: str = "onednn"
 
     device = torch.device("cpu")
 
     @classmethod
     def of(cls, weight: torch.Tensor) -> PackedWeight:
+        out_features, in_features = (int(n) for n in weight.shape)
+        if weight.dtype == torch.bfloat16 and bf16_kernel() == "avx512-bf16":
+            size = (out_features + 15) // 16 * ((in_features + 1) // 2) * 32
+            packed, plain = torch.empty(size, dtype=torch.int16), weight.contiguous()
+            _lib().kvcli_bf16_pack(plain.data_ptr(), packed.data_ptr(), out_features,
+                                   in_features)  # plain held: a copy where weight is a view
+            return cls(packed, (out_features, in_features), weight.dtype, "avx512-bf16")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT)
-        return cls(packed, (int(weight.shape[0]), int(weight.shape[1])), weight.dtype)
+        return cls(packed, (out_features, in_features), weight.dtype)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, routes: object = None
                ) -> torch.Tensor:
         """``x @ W^T (+ bias)`` in float32 for a float32 ``x`` ``[..., in]`` (routes.py's
         contract for weights that are not tensors; the routes are not needed here)."""
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.shape[1]).to(self.dtype)
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "").float()
-        if bias is not None:
-            y += bias
+        x2 = x.reshape(-1, self.shape[1])
+        if self.kernel == "avx512-bf16":
+            y = self._native(x2.float().contiguous(), bias)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2.to(self.dtype), self.packed, None, "none",
+                                                   [], "").float()
+            if bias is not None:
+                y += bias
         return y.reshape(*lead, self.shape[0])
+
+    def _native(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = x.new_empty((x.shape[0], self.shape[0]))
+        bias = None if bias is None else bias.float().contiguous()
+        status = _lib().kvcli_bf16_gemm(x.data_ptr(), self.packed.data_ptr(),
+                                        None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                        x.shape[0], *self.shape, native.num_threads())
+        if status:
+            raise MemoryError("bf16 gemm: out of memory for the rounded rows")
+        return y
 
     def dense(self) -> torch.Tensor:
         """The plain ``[out, in]`` matrix (tests, inspection)."""
-        return self.packed.to_dense()
+        if self.kernel == "onednn":
+            return self.packed.to_dense()
+        out_features, in_features = self.shape
+        pairs = (in_features + 1) // 2
+        blocks = self.packed.numpy().reshape(-1, pairs, 16, 2).transpose(0, 2, 1, 3)
+        plain = np.ascontiguousarray(blocks).reshape(-1, 2 * pairs)[:out_features, :in_features]
+        return torch.from_numpy(np.ascontiguousarray(plain)).view(torch.bfloat16)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    """Whether torch's oneDNN packs ``dtype`` weights on this CPU."""
+    """Whether ``dtype`` weights are packed for a kernel on this CPU."""
+    if dtype == torch.bfloat16 and bf16_kernel() == "avx512-bf16":
+        return True
     return (dtype in (torch.bfloat16, torch.float16) and torch.backends.mkldnn.is_available()
             and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 

@@ -19,6 +19,7 @@ FMAs; AMX is where the compute is), so there is none.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kvcli.model import large_gemm, native
@@ -78,6 +79,39 @@ def cpu_flags() -> set[str]:
 
 def _has(dtype: str, table: dict[str, tuple[str, ...]], flags: set[str]) -> bool:
     return dtype == "float32" or any(flag in flags for flag in table.get(dtype, ()))
+
+
+# The CPU kernels that multiply bfloat16 weights (model/packed.py): KVCLI_BF16_GEMM's values.
+KERNELS = ("avx512-bf16", "onednn")  # KVCLI_BF16_GEMM's values
+
+
+class Bf16KernelError(ValueError):
+    """KVCLI_BF16_GEMM asks for a kernel this CPU or build cannot run; the message says why."""
+
+
+def bf16_kernel() -> str:
+    """The bfloat16 matmul kernel here: KVCLI_BF16_GEMM if set (Bf16KernelError where it cannot
+    run), else ``avx512-bf16`` where the CPU has avx512_bf16 and the kernel is built, else
+    ``onednn``. KVCLI_NATIVE_ISA=avx2 stands for a CPU without AVX-512, so it gets oneDNN."""
+    why_not = _native_refusal()
+    wanted = os.environ.get("KVCLI_BF16_GEMM", "")
+    if wanted and wanted not in KERNELS:
+        raise Bf16KernelError(f"KVCLI_BF16_GEMM={wanted!r}: expected one of {', '.join(KERNELS)}")
+    if wanted == "avx512-bf16" and why_not:
+        raise Bf16KernelError(f"KVCLI_BF16_GEMM=avx512-bf16: {why_not}")
+    return wanted or ("onednn" if why_not else "avx512-bf16")
+
+
+def _native_refusal() -> str:
+    """Why the AVX512_BF16 kernel cannot run here ("" where it can)."""
+    if "avx512_bf16" not in cpu_flags():
+        return "this CPU has no avx512_bf16 (/proc/cpuinfo flags)"
+    if os.environ.get("KVCLI_NATIVE_ISA") == "avx2":
+        return "KVCLI_NATIVE_ISA=avx2 stands for a CPU without AVX-512"
+    lib = native.load()
+    if lib is None or not lib.kvcli_bf16_gemm_available():
+        return "the native kernels are not built (no compiler, or KVCLI_NATIVE=0)"
+    return ""
 
 
 def check_dtype(dtype: str, device: str) -> None:

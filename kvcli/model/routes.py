@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvcli.model import large_gemm, native
+from kvcli.model import large_gemm, native, precision
 from kvcli.model.platform import Platform, detect_platform
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
@@ -40,6 +40,7 @@ def _takes(x: torch.Tensor) -> bool:
 
 
 NARROW = (torch.bfloat16, torch.float16)  # weight dtypes --dtype stores (model/precision.py)
+_NARROW_KERNELS = {"avx512-bf16": "the native AVX512_BF16 kernel", "onednn": "torch's oneDNN"}
 
 
 def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -130,8 +131,9 @@ class KernelRoutes:
         matmul = ", ".join(p for p in (numpy_rows, few, larger) if p)
         if self.weights in NARROW:  # every matmul of the model takes narrow_linear
             name = str(self.weights).removeprefix("torch.")
-            matmul = (f"{name} weights pre-packed for torch's oneDNN (model/packed.py; "
-                      "float32 sums and activations)")
+            kernel = precision.bf16_kernel() if self.weights == torch.bfloat16 else "onednn"
+            matmul = (f"{name} weights pre-packed for {_NARROW_KERNELS[kernel]} "
+                      "(model/packed.py; float32 sums and activations)")
         if self.int_matmul:
             matmul = (f"quantized weights: int8 activations, {self.int_matmul} (every row count); "
                       f"float weights: {matmul}")

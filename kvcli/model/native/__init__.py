@@ -2,101 +2,29 @@
 
 Nothing waits on a compile step more than once per machine: the shared object is keyed by
 the source, the flags (the ISA variant's among them, ``KVCLI_NATIVE_ISA``), the compiler and
-the CPU's feature flags, and lives in ``$KVCLI_HOME/kernels``. Without a compiler (or with ``KVCLI_NATIVE=0``) ``load()`` returns
-None and the engine keeps its torch path, which computes the same attention, RMSNorm, SiLU-and-mul
-and RoPE.
+the CPU's feature flags, and lives in ``$KVCLI_HOME/kernels`` (the build: build.py, which the
+engine starts on a thread before the model loads). Without a compiler (or with
+``KVCLI_NATIVE=0``) ``load()`` returns None and the engine keeps its torch path, which computes
+the same attention, RMSNorm, SiLU-and-mul and RoPE.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from kvcli.model.native.build import FLAGS, HEADERS, ISA_FLAGS, SOURCES, isa_flags, library_path
+from kvcli.model.native.build import cpu_flags as _cpu_flags  # noqa: F401 - tests read it here
+
 log = logging.getLogger("kvcli.native")
-
-SOURCES = tuple(Path(__file__).with_name(n)
-                for n in ("pool.c", "gemm.c", "paged_attention.c", "prefill_attention.c",
-                          "elementwise.c", "qgemm.c", "qint.c", "paged_attention_int8.c",
-                          "prefill_attention_int8.c", "paged_attention_bf16.c",
-                          "prefill_attention_bf16.c", "decode_step.c"))
-# Included by the sources above, so part of the build's key too (paged_attention_kv.c is built
-# once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("pool.h", "qblocks.h", "qint_kernel.h",
-                                                      "kv_int8.h", "kv_rows.h",
-                                                      "paged_attention_kv.c"))
-# -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
-# from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
-# 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add
-# crtfastmath.o, which flushes denormals to zero for the whole process (torch and NumPy too).
-FLAGS = ("-O3", "-fPIC", "-pthread", "-ffast-math")
-LINK = ("-shared", "-pthread")
-# KVCLI_NATIVE_ISA: the instruction set to build for. "avx2" is what an AVX2-only CPU (AMD Zen 3)
-# compiles (x86-64-v3: AVX2, FMA, F16C; no AVX-512), tuned for this CPU: it runs the AVX2 code
-# paths on an AVX-512 machine, where they would otherwise go untested.
-ISA_FLAGS = {"native": ("-march=native",), "avx512": ("-march=native",),
-             "avx2": ("-march=x86-64-v3", "-mtune=native")}
-_ISA_NEEDS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma", "f16c")}  # /proc/cpuinfo flags
+__all__ = ["FLAGS", "HEADERS", "ISA_FLAGS", "SOURCES", "isa_flags", "load", "load_variant"]
 I64, F32P, I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
-
-
-def isa_flags(isa: str) -> tuple[str, ...]:
-    """The compile flags of a KVCLI_NATIVE_ISA value (ValueError: unknown, or the CPU lacks it)."""
-    if isa not in ISA_FLAGS:
-        raise ValueError(f"KVCLI_NATIVE_ISA={isa!r}: expected one of {', '.join(ISA_FLAGS)}")
-    cpu = set(_cpu_flags().split())
-    missing = [flag for flag in _ISA_NEEDS.get(isa, ()) if flag not in cpu]
-    if missing:
-        raise ValueError(f"KVCLI_NATIVE_ISA={isa}: this CPU lacks {', '.join(missing)} "
-                         "(/proc/cpuinfo); use native")
-    return (*FLAGS, *ISA_FLAGS[isa])
-
-
-def _build(compiler: str, flags: tuple[str, ...]) -> Path:
-    from kvcli.paths import kernels_dir
-
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
-    texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, *flags, *LINK, version, _cpu_flags()])
-                         .encode()).hexdigest()[:16]
-    target = kernels_dir() / f"kvcli-kernels-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    objs = [f"{tmp[:-3]}-{src.stem}.o" for src in SOURCES]
-    try:
-        cmds = [[compiler, "-c", *flags, str(src), "-o", obj]
-                for src, obj in zip(SOURCES, objs, strict=True)]
-        for cmd in [*cmds, [compiler, *LINK, *objs, "-o", tmp, "-lm"]]:
-            subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-        os.replace(tmp, target)  # atomic: concurrent builders each publish a whole file
-    finally:
-        for path in (tmp, *objs):
-            if os.path.exists(path):
-                os.unlink(path)
-    return target
 
 
 def load() -> ctypes.CDLL | None:
@@ -109,15 +37,13 @@ def load() -> ctypes.CDLL | None:
 @cache
 def load_variant(isa: str) -> ctypes.CDLL | None:
     """The kernels built for ``isa`` (see :data:`ISA_FLAGS`), once per process."""
-    flags = isa_flags(isa)
-    if os.environ.get("KVCLI_NATIVE", "1") == "0":
-        return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        log.info("no C compiler: native CPU kernels off")
-        return None
+    isa_flags(isa)  # an ISA this CPU cannot run is an error even with the kernels off
     try:
-        lib = ctypes.CDLL(str(_build(compiler, flags)))
+        path = library_path(isa)
+        if path is None:
+            log.info("native CPU kernels off (KVCLI_NATIVE=0, or no C compiler)")
+            return None
+        lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", "") or err
         log.warning("native CPU kernels off: build failed: %s", detail)

@@ -3,11 +3,13 @@
  * W is the [in, out] weight buffer that kvcli stores every Linear in (layers.py). At 8-64 rows
  * a step's matmuls are limited by how fast the weights stream from memory as much as by the
  * multiply-adds; torch's MKL path (which packs W per call) reached ~110 GFLOP/s in a decode step
- * here. This kernel splits the columns across the worker pool and walks K in panels of
- * KB rows: each panel (KB x the thread's columns, ~100 KB) is multiplied out of L2 in register
- * tiles of MR rows x NR columns, while the next panel is prefetched line by line in memory
- * order, so the weights stream sequentially under the arithmetic. The sums run over k in
- * order, as BLAS does; results differ from torch's in the last bits.
+ * here. This kernel splits the columns across the worker pool, each thread's into blocks of
+ * CB columns, and walks K in panels of KB rows: each panel (KB x CB, 64 KB) is multiplied out
+ * of L2 in register tiles of MR rows x NR columns, while the next panel is prefetched line by
+ * line in memory order, so the weights stream sequentially under the arithmetic. (Panels as
+ * wide as the thread's columns put the gate/up matmul's 1,536 columns of partial sums and
+ * panel past L2: 10-25% slower at 32-64 rows, Zen 4.) The sums run over k in order, as BLAS
+ * does; results differ from torch's in the last bits.
  */
 #include <stdint.h>
 #include <string.h>
@@ -23,6 +25,9 @@
 #endif
 #define NR (2 * VW) /* columns per tile */
 #define KB 64       /* rows of W per panel */
+#ifndef CB
+#define CB 256 /* columns per block: its M x CB sums and KB x CB panel stay in L2 */
+#endif
 
 typedef float vec __attribute__((vector_size(VW * 4)));
 
@@ -109,17 +114,31 @@ static void column_rest(const gemm_args *a, int64_t j0) {
         }
 }
 
+/* Columns [b0, b1) of one thread, k panel by k panel: the block's partial sums (M x CB) and
+ * its panel (KB x CB) stay in L2 while the next panel (the next block's first one after the
+ * last) is prefetched. Each output still sums over k in order from its bias, so the
+ * blocking changes no result bit. */
+static void column_block(const gemm_args *a, int64_t b0, int64_t b1, int64_t next_b1) {
+    const int64_t row_tiles = (a->M + MR - 1) / MR;
+    for (int64_t k0 = 0; k0 < a->K; k0 += KB) {
+        const int64_t kb = a->K - k0 < KB ? a->K - k0 : KB;
+        int64_t next = k0 + kb, p0 = b0, p1 = b1;
+        if (next >= a->K) next = 0, p0 = b1, p1 = next_b1; /* the next block's first panel */
+        const int64_t next_rows = p1 > p0 ? (a->K - next < KB ? a->K - next : KB) : 0;
+        const int64_t iters = (b1 - b0) / NR * row_tiles * kb;
+        const int64_t lines = next_rows * ((p1 - p0 + 15) / 16);
+        prefetcher pf = {a->w + next * a->N, p0, p0, p1, next_rows, a->N,
+                         lines > 0 && iters > lines ? iters / lines : 1, 0};
+        for (int64_t j = b0; j < b1; j += NR) column_tile(a, j, k0, kb, &pf);
+    }
+}
+
 static void gemm_part(const void *args, int64_t t, int64_t n) {
     const gemm_args *a = (const gemm_args *)args;
     const int64_t tiles_n = a->N / NR, c0 = tiles_n * t / n * NR, c1 = tiles_n * (t + 1) / n * NR;
-    const int64_t row_tiles = (a->M + MR - 1) / MR, lines_per_row = (c1 - c0 + 15) / 16;
-    for (int64_t k0 = 0; k0 < a->K && c1 > c0; k0 += KB) {
-        const int64_t kb = a->K - k0 < KB ? a->K - k0 : KB;
-        const int64_t next = k0 + kb, next_rows = a->K - next < KB ? a->K - next : KB;
-        const int64_t iters = (c1 - c0) / NR * row_tiles * kb, lines = next_rows * lines_per_row;
-        prefetcher pf = {a->w + next * a->N, c0, c0, c1, next_rows, a->N,
-                         lines > 0 && iters > lines ? iters / lines : 1, 0};
-        for (int64_t j = c0; j < c1; j += NR) column_tile(a, j, k0, kb, &pf);
+    for (int64_t b0 = c0; b0 < c1; b0 += CB) {
+        const int64_t b1 = b0 + CB < c1 ? b0 + CB : c1;
+        column_block(a, b0, b1, b1 + CB < c1 ? b1 + CB : c1);
     }
     if (t == n - 1 && tiles_n * NR < a->N) column_rest(a, tiles_n * NR);
 }

@@ -4,12 +4,16 @@
  *   QV 1  AVX-VNNI:    8 channels per register (two per 16-channel group), VEX vpdpbusd
  *   QV 2  AVX2:        vpmaddubsw (u8 x s8 -> pairs in saturating i16) then vpmaddwd by ones
  * The packed layout (qint.c) is the same for all three, so one repack serves every variant.
+ * A register tile is QMR rows x QNV channel vectors: AVX-512 takes 4 rows x 2 groups (16 sums
+ * and their 16 accumulators; 6 x 2 spilled, ~5% slower on Zen 4), the 8-channel variants 4 rows
+ * x one half group (AVX2 has 16 registers).
  */
 
 #if QV == 0
 #define QN(name) name##_vnni512
 #define CH 16
-#define QMR 8
+#define QMR 4
+#define QNV TILE_GROUPS_512
 #define qvi __m512i
 #define qvf __m512
 #define LOADW(p) _mm512_loadu_si512((const void *)(p))
@@ -17,6 +21,7 @@
 #define AND(a, b) _mm512_and_si512(a, b)
 #define SRL16(a, n) _mm512_srli_epi16(a, n)
 #define BCAST32(p) _mm512_set1_epi32(load32(p))
+#define SETI(v) _mm512_set1_epi32(v)
 #define ZEROI() _mm512_setzero_si512()
 #define ZEROF() _mm512_setzero_ps()
 #define TOF(v) _mm512_cvtepi32_ps(v)
@@ -29,6 +34,7 @@
 #else
 #define CH 8
 #define QMR 4
+#define QNV 1
 #define qvi __m256i
 #define qvf __m256
 #define LOADW(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -36,6 +42,7 @@
 #define AND(a, b) _mm256_and_si256(a, b)
 #define SRL16(a, n) _mm256_srli_epi16(a, n)
 #define BCAST32(p) _mm256_set1_epi32(load32(p))
+#define SETI(v) _mm256_set1_epi32(v)
 #define ZEROI() _mm256_setzero_si256()
 #define ZEROF() _mm256_setzero_ps()
 #define TOF(v) _mm256_cvtepi32_ps(v)
@@ -52,24 +59,26 @@
 #endif
 #endif
 #define HALVES (GROUP / CH)
+#define AI inline __attribute__((always_inline))
 
 /* Unsigned weight bytes of k-group kg (k = 4 kg .. 4 kg + 3 of the block) for the channels of
  * half h: Q4 nibbles (group kg in the low nibbles of vector kg % 4, kg + 4 in the high ones),
  * or Q8_0's / I8's offset bytes (w + 128). */
-static inline __attribute__((always_inline)) qvi QN(wbytes)(const int type, const uint8_t *qs,
-                                                            const int h, const int kg) {
+static AI qvi QN(wbytes)(const int type, const uint8_t *qs, const int h, const int kg) {
     if (is_byte(type)) return LOADW(qs + kg * 64 + h * CH * 4);
     const qvi v = LOADW(qs + (kg & 3) * 64 + h * CH * 4);
     return AND(kg < 4 ? v : SRL16(v, 4), SPLAT8(15));
 }
 
-/* acc += per-channel sum of 4 weight bytes x the 4 activation bytes at x. The AVX2 Q4 path sums
- * its pairs in i16 (8 steps of at most 2 * 15 * 127 fit 32767; finish() widens); its Q8_0 path
- * moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x directly; a
- * weight byte of -128, which quantizers never write (they round to +-127), would negate wrongly. */
-static inline __attribute__((always_inline)) qvi QN(step)(const int type, qvi acc, qvi w,
-                                                          const int8_t *x) {
-    const qvi xb = BCAST32(x);
+/* The AVX2 Q4 path sums its pairs in i16 (8 steps of at most 2 * 15 * 127 fit 32767), so its
+ * sums start at zero and take the offset term in finish(); every other one starts at it. */
+static AI int QN(wide)(const int type) { return QV != 2 || is_byte(type); }
+
+/* acc += per-channel sum of 4 weight bytes x the 4 activation bytes broadcast in xb. The AVX2
+ * Q8_0 path moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x
+ * directly; a weight byte of -128, which quantizers never write (they round to +-127), would
+ * negate wrongly. */
+static AI qvi QN(step)(const int type, qvi acc, qvi w, qvi xb) {
 #if QV == 0
     (void)type;
     return _mm512_dpbusd_epi32(acc, w, xb);
@@ -84,92 +93,117 @@ static inline __attribute__((always_inline)) qvi QN(step)(const int type, qvi ac
 #endif
 }
 
-static inline __attribute__((always_inline)) qvf QN(finish)(const int type, qvi acc) {
+/* The block's exact integer sum(w_byte * qx) - off * sum(qx), as floats. */
+static AI qvf QN(finish)(const int type, qvi acc, const int32_t o) {
 #if QV == 2
-    if (!is_byte(type)) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+    if (!QN(wide)(type))
+        acc = _mm256_add_epi32(_mm256_madd_epi16(acc, _mm256_set1_epi16(1)), SETI(o));
 #else
-    (void)type;
+    (void)type, (void)o;
 #endif
     return TOF(acc);
 }
 
-/* The weight offset the integer sum carries (w = d * (byte - off) + m). */
-static inline int QN(offset)(const int type) {
-    if (type == Q4_0) return 8;
-    return is_byte(type) && QV != 2 ? 128 : 0;
-}
-
-/* Rows [i, i + mr) x the 16 channels of group g, over the whole K: per 32-value block the
- * integer sums of each row, then y += dw * dx * sum + (m - off * dw) * dx * sum(qx). The 8-channel
- * variants take the group's halves one after the other, so only one half's accumulators are
- * live (both at once spilled AVX2's 16 registers: prefill 2.6x slower than AVX-VNNI). */
-static inline __attribute__((always_inline)) void QN(tile)(const qint_args *a, const int type,
-                                                           const int64_t i, const int mr,
-                                                           const int64_t g) {
-    const int64_t kb = a->K / 32, tb = tile_bytes(type), qsb = qs_bytes(type);
-    const float off = (float)QN(offset)(type);
-    for (int h = 0; h < HALVES; h++) {
-        const uint8_t *w = a->w + g * kb * tb;
-        qvf acc[QMR];
-        for (int r = 0; r < mr; r++) acc[r] = ZEROF();
-        for (int64_t b = 0; b < kb; b++, w += tb) {
-            const uint8_t *sc = w + qsb;
-            qvi isum[QMR];
-            for (int r = 0; r < mr; r++) isum[r] = ZEROI();
-            for (int kg = 0; kg < 8; kg++) {
-                const qvi wv = QN(wbytes)(type, w, h, kg);
-                for (int r = 0; r < mr; r++)
-                    isum[r] = QN(step)(type, isum[r], wv, a->q + (i + r) * a->K + b * 32 + kg * 4);
-            }
-            const qvf dw = type == I8 ? LOADF(sc + h * CH * 4) : HALFS(sc + h * CH * 2);
-            const qvf cw = type == Q4_1 ? HALFS(sc + 32 + h * CH * 2) : MULF(dw, SETF(-off));
+/* Rows [i, i + mr) x nv channel vectors from group g (AVX-512: groups g, g + 1; else half h of
+ * group g), over the whole K. Per 32-value block the integer sums of each row start at
+ * -off * sum(qx) (qint.c's o), so the float work per block is one conversion and
+ *   I8:          acc += dx * sum                 (dw, the channel's, is applied at the end)
+ *   Q4_0, Q8_0:  acc += dw * (dx * sum)
+ *   Q4_1:        acc += dw * (dx * sum) + m * (dx * sum(qx)). */
+static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, const int mr,
+                        const int nv, const int64_t g, const int h) {
+    const int64_t K = a->K, kb = K / 32, tb = tile_bytes(type), qsb = qs_bytes(type);
+    const int64_t gs = kb * tb; /* bytes per group */
+    const uint8_t *w = a->w + g * gs;
+    const int8_t *x = a->q + i * K;
+    const float *dx = a->d + i * kb, *sx = a->s + i * kb;
+    const int32_t *ox = a->o + i * kb;
+    qvf acc[QMR][QNV];
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nv; j++) acc[r][j] = ZEROF();
+    for (int64_t b = 0; b < kb; b++, w += tb, x += 32) {
+        qvi isum[QMR][QNV];
+        for (int r = 0; r < mr; r++)
+            for (int j = 0; j < nv; j++)
+                isum[r][j] = type != Q4_1 && QN(wide)(type) ? SETI(ox[r * kb + b]) : ZEROI();
+#pragma GCC unroll 8
+        for (int kg = 0; kg < 8; kg++) {
+            qvi wv[QNV];
+            for (int j = 0; j < nv; j++) wv[j] = QN(wbytes)(type, w + j * gs, h, kg);
             for (int r = 0; r < mr; r++) {
-                const int64_t at = (i + r) * kb + b;
-                acc[r] = FMA(QN(finish)(type, isum[r]), MULF(dw, SETF(a->d[at])), acc[r]);
-                acc[r] = FMA(cw, SETF(a->s[at]), acc[r]);
+                const qvi xb = BCAST32(x + r * K + kg * 4);
+                for (int j = 0; j < nv; j++) isum[r][j] = QN(step)(type, isum[r][j], wv[j], xb);
             }
         }
-        for (int r = 0; r < mr; r++) {
-            float out[CH];
-            STOREF(out, acc[r]);
-            for (int c = 0; c < CH; c++) {
-                const int64_t n = g * GROUP + h * CH + c;
-                if (n < a->N) a->y[(i + r) * a->N + n] = out[c] + (a->bias ? a->bias[n] : 0.0f);
+        for (int j = 0; j < nv; j++) {
+            const uint8_t *sc = w + j * gs + qsb;
+            const qvf dw = type == I8 ? SETF(1.0f) : HALFS(sc + h * CH * 2);
+            const qvf mw = type == Q4_1 ? HALFS(sc + 32 + h * CH * 2) : ZEROF();
+            for (int r = 0; r < mr; r++) {
+                const int64_t at = r * kb + b;
+                const qvf sum = QN(finish)(type, isum[r][j], ox[at]);
+                if (type == I8) {
+                    acc[r][j] = FMA(sum, SETF(dx[at]), acc[r][j]);
+                    continue;
+                }
+                acc[r][j] = FMA(MULF(sum, SETF(dx[at])), dw, acc[r][j]);
+                if (type == Q4_1) acc[r][j] = FMA(mw, SETF(sx[at]), acc[r][j]);
             }
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        const int64_t n0 = (g + j) * GROUP + h * CH;
+        const int full = n0 + CH <= a->N;
+        const qvf dw = type == I8 ? LOADF(a->w + (g + j) * gs + qsb + h * CH * 4) : SETF(1.0f);
+        const qvf bias = a->bias && full ? LOADF(a->bias + n0) : ZEROF();
+        for (int r = 0; r < mr; r++) {
+            float *y = a->y + (i + r) * a->N + n0;
+            const qvf v = FMA(acc[r][j], dw, bias);
+            if (full) {
+                STOREF(y, v);
+                continue;
+            }
+            float out[CH];
+            STOREF(out, v);
+            for (int c = 0; n0 + c < a->N; c++) y[c] = out[c] + (a->bias ? a->bias[n0 + c] : 0.0f);
         }
     }
 }
 
-#define QTILES(MRC)                                                                            \
-    for (int64_t g = g0; g < g1; g++) QN(tile)(a, type, i, MRC, g)
+#define QTILES(MRC) QN(tile)(a, type, i, MRC, nv, g, h)
 
-/* Groups [g0, g1) row tile by row tile, so a tile's quantized rows stay in L1 while they meet
- * every group of the chunk (whose packed weights stay in L2). */
-static inline __attribute__((always_inline)) void QN(rows)(const qint_args *a, const int type,
-                                                           const int64_t g0, const int64_t g1) {
-    int64_t i = 0;
-    for (; i + QMR <= a->M; i += QMR) QTILES(QMR);
-    switch (a->M - i) {
+/* Rows [r0, r1) x one register tile's channel vectors, row tile by row tile. */
+static AI void QN(rows)(const qint_args *a, const int type, const int64_t r0, const int64_t r1,
+                        const int nv, const int64_t g, const int h) {
+    int64_t i = r0;
+    for (; i + QMR <= r1; i += QMR) QTILES(QMR);
+    switch (r1 - i) {
     case 1: QTILES(1); break;
     case 2: QTILES(2); break;
     case 3: QTILES(3); break;
-#if QMR > 4
-    case 4: QTILES(4); break;
-    case 5: QTILES(5); break;
-    case 6: QTILES(6); break;
-    case 7: QTILES(7); break;
-#endif
     default: break;
     }
 }
 #undef QTILES
 
-static inline __attribute__((always_inline)) void QN(part)(const qint_args *a, const int type,
-                                                           const int64_t t, const int64_t n) {
-    const int64_t groups = (a->N + GROUP - 1) / GROUP;
-    const int64_t g0 = groups * t / n, g1 = groups * (t + 1) / n;
-    const int64_t chunk = chunk_groups(type, a->K);
-    for (int64_t g = g0; g < g1; g += chunk) QN(rows)(a, type, g, g + chunk < g1 ? g + chunk : g1);
+/* Groups [g0, g1) of the thread's share: row panel by row panel (panel_rows: its quantized rows
+ * stay in L2), and within one, channel tile by channel tile, so a tile's packed weights stay in
+ * L1 while every row tile of the panel meets them. */
+static AI void QN(part)(const qint_args *a, const int type, const int64_t t, const int64_t n) {
+    const int64_t tiles = ((a->N + GROUP - 1) / GROUP + QNV - 1) / QNV;
+    const int64_t g0 = tiles * t / n * QNV, g1 = tiles * (t + 1) / n * QNV;
+    const int64_t groups = (a->N + GROUP - 1) / GROUP, end = g1 < groups ? g1 : groups;
+    const int64_t panel = panel_rows(a->K, QMR);
+    for (int64_t r0 = 0; r0 < a->M; r0 += panel) {
+        const int64_t r1 = r0 + panel < a->M ? r0 + panel : a->M;
+        for (int64_t g = g0; g < end; g += QNV) {
+            if (g + QNV > end) {
+                for (int h = 0; h < HALVES; h++) QN(rows)(a, type, r0, r1, 1, g, h);
+                continue;
+            }
+            for (int h = 0; h < HALVES; h++) QN(rows)(a, type, r0, r1, QNV, g, h);
+        }
+    }
 }
 
 static void QN(part_q4_0)(const void *a, int64_t t, int64_t n) {
@@ -190,11 +224,13 @@ static void QN(part_i8)(const void *a, int64_t t, int64_t n) {
 #undef qvf
 #undef CH
 #undef QMR
+#undef QNV
 #undef LOADW
 #undef SPLAT8
 #undef AND
 #undef SRL16
 #undef BCAST32
+#undef SETI
 #undef ZEROI
 #undef ZEROF
 #undef TOF
@@ -205,3 +241,4 @@ static void QN(part_i8)(const void *a, int64_t t, int64_t n) {
 #undef LOADF
 #undef STOREF
 #undef HALVES
+#undef AI

@@ -13,11 +13,25 @@ class Tensor:
         self.ids = [int(t) for t in array[0]]
 
 
+class Type:
+    """openvino.Type as get_property returns it: its str() is not the short name."""
+
+    def __init__(self, name: str, long_name: str) -> None:
+        self.name, self.long_name = name, long_name
+
+    def get_type_name(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<Type: '{self.long_name}'>"
+
+
 class Core:
     """The CPU plugin's precision defaults, as OpenVINO 2026.4 reports them on AVX512_BF16."""
 
-    DEFAULTS = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8",
-                "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
+    DEFAULTS = {"INFERENCE_PRECISION_HINT": Type("bf16", "bfloat16"),
+                "KV_CACHE_PRECISION": Type("u8", "uint8_t"),
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32}
 
     def get_property(self, device: str, key: str) -> Any:
         return self.DEFAULTS[key]

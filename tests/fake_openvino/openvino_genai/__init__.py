@@ -6,7 +6,8 @@ finished requests: a request whose first 4 tokens a finished request of the same
 had skips its prefill step (its first token comes one step earlier), so the tests can
 tell whether the runner really starts every run from a fresh pipeline. The pipeline
 refuses to build with partial float32 properties: all of kvcli's forced ones (openvino), or
-none (openvino-default, where from the third token on the outputs drift, as bf16 would).
+none (its defaults, where from the third token on the outputs drift, as bf16 would, by 1 on
+the fp32 IR, 2 on an int8 one and 3 on an int4 one: each row shows which IR it ran).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __version__ = "0.0-fake"
 F32_KEYS = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "KEY_CACHE_PRECISION",
             "VALUE_CACHE_PRECISION")
 BYTES_PER_BLOCK = 1000
+DRIFT = {"fp32": 1, "int8": 2, "int4": 3}  # at its defaults, by the IR's weights
 
 
 @dataclass
@@ -71,13 +73,17 @@ class ContinuousBatchingPipeline:
                  properties: dict[str, Any]) -> None:
         if os.environ.get("FAKE_OPENVINO_FAIL_LOAD"):
             raise RuntimeError("fake compile failure")
-        if not (Path(models_path) / "openvino_model.xml").is_file():
+        ir = Path(models_path) / "openvino_model.xml"
+        if not ir.is_file():
             raise RuntimeError(f"fake openvino: no openvino_model.xml in {models_path}")
-        # kvcli's float32 everywhere, or (openvino-default) no precision property at all
-        self.defaults = not any(k in properties for k in F32_KEYS)
-        wrong = [] if self.defaults else [k for k in F32_KEYS if properties.get(k) != "f32"]
-        if wrong or device != "CPU" or not scheduler_config.enable_prefix_caching:
-            raise ValueError(f"fake openvino: not kvcli's settings: {wrong} {device}")
+        weights = ir.read_text(encoding="utf-8").split("weights='")[1].split("'")[0]
+        # kvcli's float32 everywhere (on the fp32 IR only), or no precision property at all
+        defaults = not any(k in properties for k in F32_KEYS)
+        wrong = [] if defaults else [k for k in F32_KEYS if properties.get(k) != "f32"]
+        if wrong or device != "CPU" or not scheduler_config.enable_prefix_caching or (
+                not defaults and weights != "fp32"):
+            raise ValueError(f"fake openvino: not kvcli's settings: {wrong} {device} {weights}")
+        self.drift = DRIFT[weights] if defaults else 0
         self.config = scheduler_config
         self.cached: set[tuple[int, ...]] = set()
         self.live: list[_Handle] = []
@@ -99,8 +105,8 @@ class ContinuousBatchingPipeline:
             if handle.prefill_left:
                 handle.prefill_left -= 1
                 continue
-            # at its defaults (bf16) the third token onwards "rounds" differently
-            drift = 1 if self.defaults and len(handle.tokens) >= 2 else 0
+            # at its defaults (bf16, int weights) the third token onwards "rounds" differently
+            drift = self.drift if len(handle.tokens) >= 2 else 0
             handle.tokens.append((sum(handle.ids) + len(handle.tokens) + drift) % 97)
             handle.unread += 1
             if handle.done():  # only finished requests' blocks are reused, as in OpenVINO
