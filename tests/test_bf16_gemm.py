@@ -58,6 +58,9 @@ def test_cpus_without_avx512_bf16_get_onednn_or_a_clear_refusal(monkeypatch):
     monkeypatch.setenv("KVCLI_BF16_GEMM", "amx")
     with pytest.raises(Bf16KernelError, match="expected one of avx512-bf16, onednn"):
         bf16_kernel()
+    with_flags(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    monkeypatch.delenv("KVCLI_BF16_GEMM")
+    assert bf16_kernel() == "onednn"  # AMX keeps oneDNN's tiles
     monkeypatch.setenv("KVCLI_BF16_GEMM", "onednn")
     with_flags(monkeypatch, {"avx512f", "avx512_bf16"})
     assert bf16_kernel() == "onednn"  # asked for

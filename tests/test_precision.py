@@ -76,6 +76,21 @@ def test_fast_without_native_bf16_runs_int8_on_the_integer_kernels(tiny_models, 
     assert resolve_precision("fast", None, "cpu", may_quantize=True).weights == "bfloat16"
 
 
+def test_fast_takes_int8_over_bfloat16_without_amx(monkeypatch):
+    """AVX512_BF16 without AMX (AMD Zen 4): int8 on the integer kernels (half bf16's bytes,
+    VNNI's twice the multiply-adds per instruction) where fast may quantize, else the native
+    bf16 kernel; AMX-BF16 keeps bfloat16 (oneDNN's tiles)."""
+    with_flags(monkeypatch, {"avx512f", "avx512_bf16", "avx512_vnni"})
+    integer = native.qint_available(native.load())
+    chosen = resolve_precision("fast", None, "cpu", may_quantize=True)
+    assert (chosen.weights, chosen.quantization) == (("float32", "int8") if integer
+                                                     else ("bfloat16", None)), chosen
+    assert resolve_precision("fast", None, "cpu").weights == "bfloat16"  # --quantization none
+    assert "vdpbf16ps" in resolve_precision("fast", None, "cpu").reason
+    with_flags(monkeypatch, BF16_CPU)
+    assert "AMX-BF16" in resolve_precision("fast", None, "cpu", may_quantize=True).reason
+
+
 def test_explicit_dtype_overrides_the_preset_and_auto_takes_the_checkpoints(monkeypatch):
     with_flags(monkeypatch, BF16_CPU | {"avx512_fp16"})
     custom = resolve_precision("exact", "bfloat16", "cpu")
@@ -133,7 +148,7 @@ def test_narrow_weights_with_float32_activations_agree_with_float32(tiny_models,
 
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bfloat16")
 def test_fast_runs_bfloat16_here_and_keys_the_disk_cache_apart(tiny_models):
-    fast = LLM(str(tiny_models["llama"]), precision="fast")
+    fast = LLM(str(tiny_models["llama"]), precision="fast", quantization="none")  # float weights
     backend = fast.engine.runner.backend
     assert backend.precision == fast_choice("cpu") and backend.platform.weights == torch.bfloat16
     assert backend.describe()["precision"].startswith("fast: bfloat16 weights")

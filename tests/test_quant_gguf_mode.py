@@ -97,20 +97,25 @@ def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
     return [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
 
 
-def test_deriving_runs_in_a_child_whose_refusal_is_the_error(quant_gguf, kvcli_home,  # noqa: F811
-                                                             tmp_path):
-    """The child's ModelResolveError (no ChatML template where one is required) reaches the
-    caller as the same message; the files it derived are the directory's."""
+def test_deriving_runs_in_a_child_whose_errors_are_the_callers(quant_gguf, kvcli_home,  # noqa: F811
+                                                               tmp_path, monkeypatch, capsys):
+    """The config and tokenizer come from a child process (transformers' parse stays out of
+    the job's heap); what it cannot read is a ModelResolveError naming the file."""
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(ModelResolveError, match="no ChatML chat template"):
-        gguf_meta._derive(quant_gguf, out, require_chatml=True)
-    again = tmp_path / "again"
-    again.mkdir()
-    gguf_meta._derive(quant_gguf, again, require_chatml=False)
-    assert (again / "config.json").is_file() and (again / "tokenizer.json").is_file()
-    with pytest.raises(ModelResolveError, match="reading its config and tokenizer failed"):
-        gguf_meta._derive(tmp_path / "missing.gguf", tmp_path, require_chatml=False)
+    gguf_meta._derive(quant_gguf, out, require_chatml=False)
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00 truncated")
+    with pytest.raises(ModelResolveError, match="bad.gguf: reading its config and tokenizer"):
+        gguf_meta._derive(bad, tmp_path, require_chatml=False)
+
+    def refuse(*args, **kwargs):
+        raise ModelResolveError("x.gguf: the GGUF has no ChatML chat template")
+
+    monkeypatch.setattr(gguf_meta, "_write_metadata", refuse)  # the child's side of a refusal
+    assert gguf_meta._main("x.gguf", str(out), "chatml") == gguf_meta._REFUSED
+    assert capsys.readouterr().out.strip() == "x.gguf: the GGUF has no ChatML chat template"
 
 
 def test_cli_gguf_mode_runs_without_a_conversion(quant_gguf, kvcli_home, tmp_path):  # noqa: F811
@@ -179,6 +184,14 @@ def test_kv_pool_pages_come_in_ahead_of_the_writes_not_all_at_once():
     worker.join(30)
     assert not worker.is_alive() and in_all(region)
     assert int((pool != 0).sum()) == 64 * 256 and bool((pool[0, 0, ::16] == 1.0).all())
+
+
+def test_kv_pool_regions_off_page_boundaries_are_faulted_in_too():
+    """Regions of 1,000 slots of 256 bytes start mid-page; each is faulted in all the same."""
+    pool = zeroed_cpu_tensor((2, 2, 1000, 1, 64), torch.float32, prefault=False)
+    size = pool.numel() * 4
+    _populate(weakref.ref(pool), pool.data_ptr(), size, 4, 256, first=size)
+    assert _resident(pool.data_ptr(), size) >= size and not pool.any()
 
 
 def test_a_dropped_pool_is_freed_while_its_prefault_runs():

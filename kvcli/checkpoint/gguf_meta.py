@@ -93,13 +93,14 @@ def _write_metadata(gguf_path: Path, out: Path, require_chatml: bool) -> None:
 def _derive(gguf_path: Path, out: Path, require_chatml: bool) -> None:
     """:func:`_write_metadata` in a child process: transformers' parse of the vocabulary grows
     the heap by ~700 MB that the job would keep (a fresh ``KVCLI_HOME``'s peak RSS was 2.0 GB
-    against 1.4 GB warm), and the job itself then never imports transformers."""
+    against 1.4 GB warm); the job keeps only the files it wrote."""
     root = str(Path(__file__).resolve().parents[2])  # the child imports this very kvcli
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
     cmd = [sys.executable, "-m", "kvcli.checkpoint.gguf_meta", str(gguf_path), str(out),
            "chatml" if require_chatml else "any"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # stdin closed: `kvcli generate -` reads its job from it, which the child must never take.
+    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
     if done.returncode == _REFUSED:
         raise ModelResolveError(done.stdout.strip())
     if done.returncode != 0:

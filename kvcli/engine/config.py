@@ -80,8 +80,9 @@ class EngineConfig:
     precision: str = option(
         "exact", choices=PRECISIONS,
         help="exact: float32, greedy outputs equal transformers'; fast: the fastest measured "
-             "combination on this CPU (bfloat16 weights where it has AMX-BF16 or AVX512_BF16, "
-             "else float32; with --quantization its weights); --stats names the choice "
+             "combination on this CPU (float weights: bfloat16 where it has AMX-BF16, else "
+             "int8 on the integer kernels, else bfloat16 where native, else float32; with "
+             "--quantization its weights); --stats names the choice "
              "(kvcli/model/precision.py).")
     dtype: str | None = option(  # None: the precision's choice (exact: float32)
         None, choices=DTYPE_CHOICES,

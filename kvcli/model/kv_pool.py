@@ -64,7 +64,9 @@ def _populate(pool: weakref.ref, address: int, size: int, regions: int = 1, row:
                 return
             # ctypes releases the GIL for the call; a non-zero return (an old kernel: EINVAL)
             # ends the prefault, and the pages then fault in on first use.
-            status = madvise(start + done, end - done, _MADV_POPULATE_WRITE)
+            # A region need not start on a page (madvise wants one): from the page it starts in.
+            low = (start + done) & ~(mmap.PAGESIZE - 1)
+            status = madvise(low, start + end - low, _MADV_POPULATE_WRITE)
             del mapping
             if status != 0:
                 return

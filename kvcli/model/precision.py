@@ -3,18 +3,21 @@ once per engine (LLMEngine.from_config) from the CPU's feature flags.
 
 On the CPU, ``--dtype`` chooses how the matmul weights are stored and multiplied; activations,
 norms, RoPE, attention, softmax, sampling and the KV cache stay float32. ``bfloat16`` stores the
-weights in half the bytes and multiplies through torch's oneDNN bf16 GEMM (AMX tiles or
-AVX512_BF16, float32 accumulation; each matmul's input is rounded to bfloat16, its output
-returned in float32; the weights pre-packed for it once at load: packed.py). A CPU without native bf16 or fp16 would emulate them, slower
+weights in half the bytes, laid out once at load for the kernel that multiplies them
+(packed.py; :func:`bf16_kernel` picks it): with AVX512_BF16 but no AMX (AMD Zen 4) kvcli's own
+``vdpbf16ps`` kernel (native/bf16_gemm.c), with AMX-BF16 torch's oneDNN GEMM (AMX tiles);
+each matmul's input rounded to bfloat16, float32 sums, the output float32. A CPU without native bf16 or fp16 would emulate them, slower
 than float32, so those dtypes are refused there with the reason. On another device (CUDA) the
 whole model and its KV cache take ``--dtype``, as before.
 
 Measured on a Xeon with AMX-BF16 (2 vCPUs, loaded; docs/BENCHMARKS.md 2026-12-02): torch's
 ``F.linear`` of 576 x 3,072 weights, 16 rows 0.70 ms bf16 vs 1.41 float32, 256 rows 4.2 vs
 18.2 ms; float16 (AVX512_FP16 without AMX-FP16) 1.27 / 13.5 ms, so float16 is allowed but
-``auto`` and ``fast`` do not choose it. A hand-written ``vdpbf16ps`` kernel for 1-64 rows was
-slower than oneDNN's at every row count (it does as many multiply-adds per cycle as float32
-FMAs; AMX is where the compute is), so there is none.
+``auto`` and ``fast`` do not choose it. A ``vdpbf16ps`` kernel was slower than oneDNN's AMX at
+every row count there, so AMX CPUs keep oneDNN; on Zen 4 (no AMX) oneDNN's bf16 calls cost
+~100-400 us each whatever their size and kvcli's kernel is 1.3-3x faster per decode step.
+``fast`` prefers int8 weights on the integer kernels to bfloat16 wherever there is no AMX
+(half the bytes, VNNI's twice the multiply-adds per instruction; measured faster on Zen 4).
 """
 
 from __future__ import annotations
@@ -91,15 +94,19 @@ class Bf16KernelError(ValueError):
 
 def bf16_kernel() -> str:
     """The bfloat16 matmul kernel here: KVCLI_BF16_GEMM if set (Bf16KernelError where it cannot
-    run), else ``avx512-bf16`` where the CPU has avx512_bf16 and the kernel is built, else
-    ``onednn``. KVCLI_NATIVE_ISA=avx2 stands for a CPU without AVX-512, so it gets oneDNN."""
+    run), else ``avx512-bf16`` where the CPU has avx512_bf16 but not amx_bf16 and the kernel is
+    built, else ``onednn``. KVCLI_NATIVE_ISA=avx2 stands for a CPU without AVX-512, so it gets oneDNN."""
     why_not = _native_refusal()
     wanted = os.environ.get("KVCLI_BF16_GEMM", "")
     if wanted and wanted not in KERNELS:
         raise Bf16KernelError(f"KVCLI_BF16_GEMM={wanted!r}: expected one of {', '.join(KERNELS)}")
     if wanted == "avx512-bf16" and why_not:
         raise Bf16KernelError(f"KVCLI_BF16_GEMM=avx512-bf16: {why_not}")
-    return wanted or ("onednn" if why_not else "avx512-bf16")
+    if wanted:
+        return wanted
+    # AMX tiles out-compute vdpbf16ps many times over (oneDNN beat a vdpbf16ps kernel at every
+    # row count on a Xeon with AMX-BF16, docs/BENCHMARKS.md), so they keep oneDNN.
+    return "onednn" if why_not or "amx_bf16" in cpu_flags() else "avx512-bf16"
 
 
 def _native_refusal() -> str:
@@ -134,20 +141,24 @@ def fast_choice(device: str, quantization: str | None = None,
     kernels run); which quantized weights ``auto`` loads under fast (a GGUF's integer-kernel
     types: gguf-int) is checkpoint/quant_modes.py's ``auto_mode``, decided before loading.
     The int8 KV cache is not part of fast: no end-to-end gain measured yet. ``may_quantize``
-    (``--quantization auto``): float weights may become int8 where bfloat16 is not native."""
+    (``--quantization auto``): float weights may become int8 where the CPU has no AMX-BF16."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)
     if not _is_cpu(device):
         return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
-    if _has("bfloat16", _FAST, cpu_flags()):
-        return Precision("fast", "bfloat16", "native bfloat16 (AMX-BF16/AVX512_BF16): oneDNN "
-                         "bf16 matmuls with float32 sums, about half float32's CPU time where "
-                         "rows are many")
-    if may_quantize and native.qint_available(native.load()):  # a CPU without native bf16
-        return Precision("fast", "float32", "no native bfloat16 on this CPU: int8 weights on "
-                         "the integer kernels (decode-1 2.7x, prefill 1.7x float32 on a Xeon)",
-                         "int8")
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        return Precision("fast", "bfloat16", "AMX-BF16: oneDNN bf16 matmuls with float32 sums, "
+                         "about half float32's CPU time where rows are many")
+    if may_quantize and native.qint_available(native.load()):  # vector dot products only
+        return Precision("fast", "float32", "no AMX-BF16 on this CPU: int8 weights on the "
+                         "integer kernels, half bfloat16's bytes and twice vdpbf16ps's "
+                         "multiply-adds per instruction (Zen 4: faster than bf16 on every "
+                         "workload; Xeon: decode-1 2.7x, prefill 1.7x float32)", "int8")
+    if _has("bfloat16", _FAST, flags):
+        return Precision("fast", "bfloat16", "AVX512_BF16: the native vdpbf16ps kernel, float32 "
+                         "sums (faster than float32 at every row count measured)")
     return Precision("fast", "float32", "no native bfloat16 on this CPU (emulated is slower "
                      "than float32) and no integer kernels")
 

@@ -41,17 +41,33 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 #endif
 
+/* Token t + AHEAD's K row and token t's V row (all KV heads: `row_floats`) into the cache
+ * while token t is scored. A block's rows are contiguous but the next block lies anywhere,
+ * and a decode step at batch 32 streams more K/V from memory than weights: without this the
+ * kernel waited on each block's first lines, and its V pass re-read V from memory. */
+#define AHEAD 8
+static inline void prefetch_token(const float *k, const float *v, const int64_t *rows, int64_t t,
+                                  int64_t n, int64_t row_floats) {
+    for (int64_t b = 0; b < row_floats; b += 16) {
+        if (t + AHEAD < n) __builtin_prefetch(k + rows[t + AHEAD] + b, 0, 3);
+        __builtin_prefetch(v + rows[t] + b, 0, 2);
+    }
+}
+
 /* scores[hh * n + t] = scale * dot(q[hh], K[token t, head hh / group]) for all H query heads
  * hh; rows[t] is token t's offset in the cache (all its KV heads follow). With AVX2 four
  * tokens are dotted at once and their horizontal sums share one reduction (a dot product's
  * reduction otherwise costs about as much as its multiply-adds). */
 static void qk_scores(const float *q, int64_t heads, int64_t group, int64_t D, const float *k,
-                      const int64_t *rows, int64_t n, float scale, float *scores) {
+                      const float *v, const int64_t *rows, int64_t n, float scale,
+                      float *scores) {
+    const int64_t row_floats = heads / group * D;
     int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     if (D % 8 == 0) {
         const __m128 vscale = _mm_set1_ps(scale);
         for (; t + 4 <= n; t += 4) {
+            for (int64_t i = 0; i < 4; i++) prefetch_token(k, v, rows, t + i, n, row_floats);
             const float *k0 = k + rows[t], *k1 = k + rows[t + 1];
             const float *k2 = k + rows[t + 2], *k3 = k + rows[t + 3];
             for (int64_t hh = 0; hh < heads; hh++) {
@@ -71,6 +87,7 @@ static void qk_scores(const float *q, int64_t heads, int64_t group, int64_t D, c
     }
 #endif
     for (; t < n; t++) {
+        prefetch_token(k, v, rows, t, n, row_floats);
         for (int64_t hh = 0; hh < heads; hh++) {
             const float *key = k + rows[t] + (hh / group) * D, *qh = q + hh * D;
             float dot = 0.0f;
@@ -96,7 +113,7 @@ static void qk_scores(const float *q, int64_t heads, int64_t group, int64_t D, c
             const int64_t pos = first + t;                                                     \
             rows[t] = (table[pos / bs] * bs + pos % bs) * Hkv * D;                             \
         }                                                                                      \
-        qk_scores(j->q + s * H * D, H, group, D, j->k, rows, n, j->scale, scores);             \
+        qk_scores(j->q + s * H * D, H, group, D, j->k, j->v, rows, n, j->scale, scores);           \
         for (int64_t hh = 0; hh < H; hh++) {                                                   \
             float *row = scores + hh * n, top = row[0];                                        \
             for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;                 \

@@ -208,6 +208,72 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
 #endif
 }
 
+#if defined(__AVX512F__) && !defined(KV_CONVERTED)
+/* r[i] = column i of the 16 x 16 block whose rows r[] held: four rounds of shuffles. */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    }
+}
+#endif
+
+/* The panel's KB tokens (row offsets at[t] in the cache): K transposed into kt [D][KB], V rows'
+ * addresses (or widened rows) in vrow. A float cache with AVX-512 moves 16 x 16 blocks through
+ * registers: scalar stores of one float each were most of a panel's cost for a decode
+ * sequence's own tail (3 query rows per panel). The same floats land in kt either way. */
+static inline void load_panel(const job_t *j, int64_t D, const int64_t *at, float *kt,
+                              float *vb, const float **vrow) {
+#if defined(__AVX512F__) && !defined(KV_CONVERTED)
+    if (D % 16 == 0) {
+        for (int64_t t = 0; t < KB; t++) vrow[t] = j->v + at[t];
+        for (int64_t h = 0; h < KB; h += 16)
+            for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(j->k + at[h + i] + d0);
+                transpose16(r);
+                for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (d0 + i) * KB + h, r[i]);
+            }
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < KB; t++) load_key(j, D, at[t], t, kt, vb, &vrow[t]);
+}
+
+/* Fetches the K and V rows of the panel at key positions [k0, k0 + KB) of `slots` into the
+ * cache while the current panel is worked on. The rows lie where the block table put them, so
+ * no hardware prefetcher sees the pattern: without this, every row's first line missed the
+ * cache one after another (the transposing loads took ~half of the shared-prefix decode). */
+static inline void prefetch_panel(const job_t *j, const int64_t *slots, int64_t k0,
+                                  int64_t k_hi, int64_t at0, int64_t stride, int64_t bytes) {
+    const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;
+    for (int64_t t = 0; t < nk; t++) {
+        const char *kr = (const char *)(j->k + slots[k0 + t] * stride + at0);
+        const char *vr = (const char *)(j->v + slots[k0 + t] * stride + at0);
+        for (int64_t b = 0; b < bytes; b += 64) {
+            __builtin_prefetch(kr + b, 0, 3);
+            __builtin_prefetch(vr + b, 0, 3);
+        }
+    }
+}
+
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
  * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
  * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt is the
@@ -219,12 +285,16 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
         const int64_t D = (DIM), stride = j->Hkv * KV_ROW(D), w = j->window;                   \
         const float *vrow[KB];                                                                 \
         float *vb = kt + D * KB;                                                               \
+        const int64_t row_bytes = KV_ROW(D) * (int64_t)sizeof(kv_t);                           \
+        if (k_lo < k_hi) prefetch_panel(j, slots, k_lo, k_hi, g * KV_ROW(D), stride, row_bytes); \
         for (int64_t k0 = k_lo; k0 < k_hi; k0 += KB) {                                         \
             const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;                                \
-            for (int64_t t = 0; t < KB; t++) {                                                 \
-                const int64_t at = slots[k0 + (t < nk ? t : 0)] * stride + g * KV_ROW(D);      \
-                load_key(j, D, at, t, kt, vb, &vrow[t]);                                       \
-            }                                                                                  \
+            if (k0 + KB < k_hi)                                                                \
+                prefetch_panel(j, slots, k0 + KB, k_hi, g * KV_ROW(D), stride, row_bytes);     \
+            int64_t at[KB];                                                                    \
+            for (int64_t t = 0; t < KB; t++)                                                   \
+                at[t] = slots[k0 + (t < nk ? t : 0)] * stride + g * KV_ROW(D);                 \
+            load_panel(j, D, at, kt, vb, vrow);                                                \
             for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
                 vf sv[RB][NV];                                                                 \
                 const float *qs[RB];                                                           \
