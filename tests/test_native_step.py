@@ -10,6 +10,7 @@ import torch
 from test_quant_model import PROMPT, _greedy, quant_gguf  # noqa: F401 - the tiny GGUF fixture
 
 from kvcli.engine.llm import LLM
+from kvcli.model.backend import model_backend
 from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.quant.load import load_quantized
 from kvcli.sampling_params import SamplingParams
@@ -71,6 +72,7 @@ def test_int8_weights_take_the_native_step(tiny_models, family):
     llm = LLM(str(tiny_models[family]), quantization="int8", block_size=4,
               enable_prefix_caching=False)
     model = llm.engine.model
+    assert model_backend(model).batch1_decode.startswith("native fused")  # --stats says so
     calls = _counted(model)
     got = _tokens(llm, [5, 17, 99, 3, 250, 41, 7])
     assert len(calls) == 15

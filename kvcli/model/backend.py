@@ -80,7 +80,12 @@ class Backend:
 def model_backend(model: Any) -> Backend:
     """The choices ``model`` made when it was built (kvcli/model/llama.py), in one object."""
     decoder = getattr(model, "_numpy_decoder", None)
-    batch1 = "as batched" if decoder is None else "numpy fused" + (
-        ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
+    if decoder is None:
+        batch1 = "as batched"
+    elif decoder.native_step is not None:  # quantized weights (model/native_step.py)
+        batch1 = "native fused (one call a step)"
+    else:
+        batch1 = "numpy fused" + (
+            ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
     return Backend(model.platform, model.attention_backend, model.routes, batch1,
                    getattr(model, "precision", None))
