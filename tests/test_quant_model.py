@@ -249,8 +249,8 @@ def _q8_0(x: torch.Tensor) -> torch.Tensor:
 
 def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monkeypatch):
     """gguf-int is the gguf model whose every matmul input is rounded to q8_0 first: logits
-    agree to float32 rounding (measured: max |delta| ~2e-6 of logits ~5), greedy tokens are
-    equal, and both stay near gguf's float activations."""
+    agree to float32 rounding (measured: max |delta| ~2e-6 of logits ~5) but for a rounding tie,
+    greedy tokens are equal, and both stay near gguf's float activations."""
     model_dir = resolve_model(str(quant_gguf), quantization="gguf-int")
     model = load_quantized(model_dir, "gguf-int")
     assert {type(m.weight) for m in model.modules()
@@ -263,9 +263,15 @@ def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monke
                         lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
     want, want_logits = _greedy(_python_matmuls(load_quantized(model_dir, "gguf")), PROMPT, 6)
     assert got == want
+    # The two sides' float32 sums differ in the last bits, so an activation within rounding of a
+    # q8_0 half step can take the other code on one side (seen on an AMD Zen 4: one step of six
+    # off by 0.065, the others within 4e-6): at most one step may be off, and not by much.
+    off = 0
     for a, b, f in zip(got_logits, want_logits, float_logits, strict=True):
-        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        off += not torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        assert (a - b).abs().max() < 0.05 * f.abs().max()
         assert (a - f).abs().max() < 0.1 * f.abs().max()  # as int8 weights above
+    assert off <= 1
 
 
 def test_gguf_int_without_native_kernels_is_a_clear_error(quant_gguf, monkeypatch, kvcli_home):
