@@ -19,6 +19,13 @@ from kvcli.model.native import build
 NATIVE_DIR = Path(build.__file__).parent
 
 
+@pytest.fixture(autouse=True)
+def _fresh_build_state(monkeypatch):
+    """Each test starts as a new process would: no build started, no library collected."""
+    monkeypatch.setattr(build, "_started", {})
+    monkeypatch.setattr(build, "_collected", set())
+
+
 def _fake_cc(tmp_path: Path, fail_on: str = "") -> Path:
     """A 'compiler' that logs each call and creates the file after -o (fails on `fail_on`)."""
     script = tmp_path / "fake-cc"
@@ -99,6 +106,18 @@ def test_a_started_build_is_collected_not_repeated(tmp_path, monkeypatch):
     monkeypatch.setenv("KVCLI_HOME", str(tmp_path / "other"))
     build.start("native")  # other inputs: its own build, not the first one's result
     assert build.library_path("native").parent == tmp_path / "other" / "kernels"
+
+
+def test_no_build_is_started_once_this_process_has_the_library(tmp_path, monkeypatch):
+    """The process keeps the library it loaded (load_variant), so an engine under another
+    KVCLI_HOME (as every test's) must not start a build that nobody would collect."""
+    monkeypatch.setenv("KVCLI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CC", str(_fake_cc(tmp_path)))
+    assert build.library_path("native") is not None
+    built = len(_calls(tmp_path))
+    monkeypatch.setenv("KVCLI_HOME", str(tmp_path / "other"))
+    build.start("native")
+    assert build._started == {} and len(_calls(tmp_path)) == built
 
 
 def test_a_started_build_honours_native_off_and_reports_errors(tmp_path, monkeypatch):

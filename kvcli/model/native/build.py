@@ -47,6 +47,9 @@ ISA_FLAGS = {"native": ("-march=native",), "avx512": ("-march=native",),
 _ISA_NEEDS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma", "f16c")}  # /proc/cpuinfo flags
 _TEMP_PREFIX = ".tmp-"  # as checkpoint/convert.py's: a dead process's build dir is removed
 _started: dict[tuple[str, ...], Future[Path | None]] = {}
+# ISAs whose library this process already has: load_variant keeps it for the process's life, so
+# a later engine (another KVCLI_HOME, as the tests set) must not start a build nobody collects.
+_collected: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -148,7 +151,7 @@ def start(isa: str | None = None) -> None:
     isa = isa or os.environ.get("KVCLI_NATIVE_ISA", "native")
     key = _inputs(isa)
     with _lock:
-        if key in _started:
+        if key in _started or isa in _collected:
             return
         future: Future[Path | None] = Future()
         _started[key] = future
@@ -168,4 +171,7 @@ def library_path(isa: str) -> Path | None:
     the build raised (ValueError, OSError, SubprocessError)."""
     with _lock:
         future = _started.pop(_inputs(isa), None)
-    return _library(isa) if future is None else future.result()
+    path = _library(isa) if future is None else future.result()
+    with _lock:
+        _collected.add(isa)
+    return path
