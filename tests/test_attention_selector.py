@@ -100,7 +100,7 @@ def test_cpu_flags_choose_the_kernel_variant(monkeypatch) -> None:
         pytest.skip("not an AVX2 CPU")
     monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
     assert detect_platform("cpu", torch.float32).isa == "avx2+fma"
-    monkeypatch.setattr(native, "_cpu_flags", lambda: "flags : sse2")
+    monkeypatch.setattr(native.build, "cpu_flags", lambda: "flags : sse2")  # what isa_flags reads
     native.load_variant.cache_clear()  # the variant is built (and its flags checked) once
     try:
         with pytest.raises(ValueError, match="this CPU lacks avx2"):
