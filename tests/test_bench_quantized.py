@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from kvcli.bench.runner import first_divergence, greedy_agreement
 from kvcli.bench.suite import parse_compare
 from kvcli.cli import main
+from kvcli.model import native
 
 SMALL = ["--num-prompts", "3", "--max-tokens", "4", "--scale", "0.1", "--threads", "1",
          "--no-warmup"]
@@ -75,10 +76,14 @@ def test_the_kvcli_row_runs_the_bench_quantization(tiny_models, kvcli_home):
         assert result.exit_code == 0, result.output
         docs[mode] = json.loads(result.stdout)
     precision = {m: [(e["name"], e["precision"]) for e in d["systems"]] for m, d in docs.items()}
-    kv = "weights, float32 KV (exact)"
-    assert precision == {"auto": [("kvcli", f"gguf {kv}"), ("hf-generate", "float32")],
-                         "none": [("kvcli", f"float32 {kv}"), ("hf-generate", "float32")],
-                         "int8": [("kvcli", f"int8 {kv}"), ("hf-generate", "float32")]}
+    int8 = ("int8 weights, int8 activations per 32 values, float32 KV"  # not "(exact)"
+            if native.qint_available(native.load())
+            else "int8 weights, float32 activations, float32 KV (exact)")
+    assert precision == {
+        "auto": [("kvcli", "gguf weights, float32 activations, float32 KV (exact)"),
+                 ("hf-generate", "float32")],
+        "none": [("kvcli", "float32 weights, float32 KV (exact)"), ("hf-generate", "float32")],
+        "int8": [("kvcli", int8), ("hf-generate", "float32")]}
     # A float32 GGUF's own tensors are the float32 weights: the same greedy tokens.
     assert docs["auto"]["systems"][1]["outputs_match"] is True
     table = invoke("--workload", "decode-1", "--model", gguf, "--compare", "none", *SMALL)

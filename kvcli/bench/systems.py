@@ -96,13 +96,20 @@ class KvcliSystem:
 
     @property
     def precision(self) -> str:
-        """The row's precision in the report: its weights and KV cache (and the preset)."""
+        """The row's precision in the report: its weights, a quantized model's activations, its
+        KV cache, and the preset, which is not named "exact" where activations are int8."""
         from kvcli.model.attention import kv_cache_dtype_name
+        from kvcli.model.precision import activations
 
         kv = kv_cache_dtype_name(self.base.model.platform.kv_dtype)  # int8 for its uint8 rows
-        weights = self.base.config.quantization or self.weights
+        weights, quantization = self.weights, self.base.config.quantization
         preset = getattr(getattr(self.base.model, "precision", None), "preset", "")
-        return f"{weights} weights, {kv} KV" + (f" ({preset})" if preset else "")
+        if quantization:
+            weights = f"{quantization} weights, {activations(quantization)}"
+            preset = "" if preset == "exact" and "int8" in weights else preset
+        else:
+            weights = f"{weights} weights"
+        return f"{weights}, {kv} KV" + (f" ({preset})" if preset else "")
 
     @property
     def max_model_len(self) -> int:

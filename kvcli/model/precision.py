@@ -58,7 +58,7 @@ class Precision:
     @property
     def label(self) -> str:
         """``exact: float32 weights (why)``, for the backend report."""
-        weights = (f"{self.quantization} weights, {_activations(self.quantization)}"
+        weights = (f"{self.quantization} weights, {activations(self.quantization)}"
                    if self.quantization else f"{self.weights} weights")
         return f"{self.preset}: {weights} ({self.reason})"
 
@@ -67,7 +67,7 @@ class Precision:
         return {"precision": self.preset, "weights": self.weights, "why": self.reason}
 
 
-def _activations(quantization: str) -> str:
+def activations(quantization: str) -> str:
     """What a quantized model's matmuls multiply its weights with (quant/apply.py decides)."""
     if quantization == "gguf-int" or (quantization == "int8" and native.qint_available(
             native.load())):
