@@ -24,7 +24,9 @@ def with_flags(monkeypatch: pytest.MonkeyPatch, flags: set[str]) -> None:
 @pytest.mark.parametrize(("rows", "out_features", "in_features"),
                          [(1, 16, 32), (1, 40, 37), (3, 1000, 576), (7, 64, 1536),
                           (16, 333, 96), (65, 130, 31), (200, 48, 64)])
-def test_native_kernel_equals_float32_on_rounded_operands(rows, out_features, in_features):
+def test_native_kernel_equals_float32_on_rounded_operands(rows, out_features, in_features,
+                                                        monkeypatch):
+    monkeypatch.setenv("KVCLI_BF16_GEMM", "avx512-bf16")  # a CPU with AMX-BF16 defaults to oneDNN
     torch.manual_seed(rows * out_features + in_features)
     w = torch.randn(out_features, in_features).bfloat16()
     x, bias = torch.randn(rows, in_features), torch.randn(out_features)
@@ -40,7 +42,8 @@ def test_native_kernel_equals_float32_on_rounded_operands(rows, out_features, in
 
 
 @needs_native
-def test_bfloat16_models_take_the_native_kernel(tiny_models):
+def test_bfloat16_models_take_the_native_kernel(tiny_models, monkeypatch):
+    monkeypatch.setenv("KVCLI_BF16_GEMM", "avx512-bf16")  # a CPU with AMX-BF16 defaults to oneDNN
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16")
     model = llm.engine.model
     assert model.model.layers[0].mlp.down_proj.weight.kernel == "avx512-bf16"
