@@ -185,9 +185,11 @@ def test_table_several_workloads_and_plot(model_dir, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "bench.png"
     result = invoke("--workload", "chat-sessions", "--workload", "decode-1", "--model",
-                    str(model_dir), "--compare", "kvcli-no-cache", "--plot", str(png), *SMALL)
+                    str(model_dir), "--compare", "kvcli-no-cache", "--no-isolate", "--plot",
+                    str(png), *SMALL)
     assert result.exit_code == 0, result.output
     assert "workload chat-sessions" in result.stdout and "workload decode-1" in result.stdout
+    assert "peak RSS of kvcli, kvcli-no-cache: the bench's process" in result.stdout
     assert "kvcli speedup over kvcli-no-cache" in result.stdout and "load avg" in result.stdout
     assert "run 1/1 kvcli" in result.stderr  # progress goes to stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,8 +18,9 @@ from kvcli.bench.suite import parse_compare
 from kvcli.cli import main
 from kvcli.model import native
 
+# In the bench's process (fast); tests/test_bench_isolate.py runs such rows in their own.
 SMALL = ["--num-prompts", "3", "--max-tokens", "4", "--scale", "0.1", "--threads", "1",
-         "--no-warmup"]
+         "--no-warmup", "--no-isolate"]
 
 
 def invoke(*args: str):

@@ -5,7 +5,9 @@ kvcli starts a small runner script under that interpreter (`--vllm-python`,
 `--openvino-python`). The runner writes one JSON object per line: first {"ready": true,
 "load_s": ...} (or {"error": ...}), then one answer per request line kvcli sends. Its stderr
 goes to a temporary file whose tail is attached to every error, since that is where the
-peer's own traceback and warnings end up.
+peer's own traceback and warnings end up. kvcli's own rows use the same machinery when they
+run in processes of their own (kvcli_process.py): their runner is a module of kvcli, run
+with `python -m` under this interpreter.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class PeerProcess:
 
     label: str  # "vllm", "openvino": names the peer in errors
     python: Path
-    runner: Path
+    runner: Path | str  # the runner script, or (a str) the module `python -m` runs
     option: str  # the CLI option that chose `python`, e.g. "--vllm-python"
     module: str  # the package the runner imports; its absence earns the install hint
     install_hint: str
@@ -54,8 +56,9 @@ class PeerProcess:
         if not Path(self.python).exists():
             raise self.error(f"{self.option} {self.python}: no such file; {self.install_hint}")
         self._log = tempfile.TemporaryFile()
+        target = [str(self.runner)] if isinstance(self.runner, Path) else ["-m", self.runner]
         self._proc = subprocess.Popen(
-            [str(self.python), str(self.runner), json.dumps(args)], stdin=subprocess.PIPE,
+            [str(self.python), *target, json.dumps(args)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=env, text=True)
         return self._receive()
 

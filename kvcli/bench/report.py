@@ -51,6 +51,16 @@ def _agreement_line(entry: dict[str, Any], reference: dict[str, Any]) -> str:
     return line
 
 
+def _shared_rss_line(entries: list[dict[str, Any]]) -> list[str]:
+    """Which rows' peak RSS is that of the bench's process, when several share it (none of
+    them is then measured alone)."""
+    shared = [e["name"] for e in entries if not e.get("rss_own_process", True)]
+    if len(shared) < 2:
+        return []
+    return [f"peak RSS of {', '.join(shared)}: the bench's process, which holds all of them "
+            "(--isolate runs each kvcli row in a process of its own)"]
+
+
 def format_table(doc: dict[str, Any]) -> str:
     """One workload's results as an aligned text table with speedups and the load."""
     rows = [[title for title, _, _ in COLUMNS] + ["greedy = kvcli"]]
@@ -67,6 +77,7 @@ def format_table(doc: dict[str, Any]) -> str:
             for peer, ratio in doc["speedup"].items()]
     foot += [_agreement_line(e, doc["systems"][0]) for e in doc["systems"][1:]
              if not e.get("exact", True)]
+    foot += _shared_rss_line(doc["systems"])
     kind = f" ({machine['cpu_kind']})" if machine.get("cpu_kind") else ""
     foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
                 f"{machine['cpu_count']} CPUs, {machine['threads']} torch threads, "

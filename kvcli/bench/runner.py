@@ -51,8 +51,8 @@ def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int
     result = system.run(prompts, max_new_tokens)
     wall = time.perf_counter() - start
     peak, growth = rss.stop()
-    if result.peak_rss_mb is not None:  # the system ran in its own process
-        peak, growth = result.peak_rss_mb, None
+    if result.peak_rss_mb is not None:  # the system ran in its own process: its own peak
+        peak, growth = result.peak_rss_mb, result.rss_growth_mb
     return TimedRun(result, wall, peak, growth)
 
 
@@ -155,6 +155,9 @@ def system_entry(name: str, timed: list[TimedRun], workload: Workload,
         **{k: None if v is None else round(v, 6) for k, v in latency_summary(res.ttfts).items()},
         "peak_rss_mb": best.peak_rss_mb,
         "rss_growth_mb": best.rss_growth_mb,
+        # True: the peak is of a process that ran this system alone (a peer, an isolated
+        # kvcli row); False: of the bench's process, shared by every system run in it
+        "rss_own_process": res.peak_rss_mb is not None,
         "kv_utilization": res.kv_utilization,
         "outputs_match": matching == len(reference),
         "outputs_matching": matching,

@@ -7,24 +7,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcli.bench.kvcli_rows import (
+    KV_DTYPES,
+    NO_CACHE,
+    PRECISION_PEERS,
+    QUANTIZED,
+    VARIANTS,
+    kvcli_mode,
+)
 from kvcli.bench.openvino_system import VARIANTS as OPENVINO_VARIANTS
+from kvcli.bench.systems import KVCLI
 from kvcli.bench.workloads import WORKLOAD_NAMES, BenchConfigError
 from kvcli.engine.config import EngineConfig
 
 _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
-# kvcli on quantized weights (`--quantization`), measured against kvcli's float32 weights.
-QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
-# kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
-PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
-# kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
-KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
 OPENVINO_PEERS = tuple(OPENVINO_VARIANTS)  # float32 forced / its defaults on fp32, int8, int4
-PEERS = ("hf-generate", "hf-generate-batch", "kvcli-no-cache", "vllm", *OPENVINO_PEERS,
+PEERS = ("hf-generate", "hf-generate-batch", NO_CACHE, "vllm", *OPENVINO_PEERS,
          "llamacpp", *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
 # Peers that need no float weights in the bench's model directory (else a GGUF is converted).
-NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", "kvcli-no-cache"}
+NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", NO_CACHE}
 
 
 @dataclass(slots=True)
@@ -49,6 +52,13 @@ class BenchConfig:
     quantization: str | None = _ENGINE.quantization  # the kvcli row's (auto: as generate)
     precision: str = _ENGINE.precision  # kvcli's own row (the reference): --precision, --dtype
     dtype: str | None = _ENGINE.dtype
+    # kvcli's rows each in a process of its own (kvcli_process.py); None: when --compare
+    # names a kvcli-* row, so no row's peak RSS is that of several engines
+    isolate: bool | None = None
+
+    @property
+    def isolated(self) -> bool:
+        return any(n in VARIANTS for n in self.compare) if self.isolate is None else self.isolate
 
 
 def parse_compare(value: str) -> list[str]:
@@ -75,45 +85,57 @@ def expand_workloads(names: list[str]) -> list[str]:
 
 
 def load_systems(model_dir: Path, cfg: BenchConfig, progress: Callable[[str], None]) -> list[Any]:
-    from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
-
-    mode = kvcli_mode(cfg)
-    spec = _weights_spec(model_dir, cfg, mode)
-    progress(f"loading kvcli engine ({spec}, quantization {mode or 'none'})")
-    kvcli = _load_kvcli(spec, cfg, None, cfg.precision, cfg.dtype, mode)
-    systems: list[Any] = [kvcli]
-    for name in cfg.compare:
-        progress(f"loading {name}")
-        if name == "llamacpp":
-            systems.append(llamacpp_peer(cfg))
-        elif name == "vllm":
-            systems.append(start_vllm(model_dir, cfg, kvcli.max_model_len, progress))
-        elif name in OPENVINO_PEERS:
-            systems.append(start_openvino(model_dir, cfg, progress, name))
-        elif name == "hf-generate":
-            systems.append(HFGenerateSystem(model_dir, cfg.hf_batch_size))
-        elif name == "hf-generate-batch":
-            systems.append(HFGenerateBatchSystem(model_dir, cfg.hf_page_size,
-                                                 cfg.max_num_batched_tokens))
-        elif name in QUANTIZED:
-            systems.append(load_quantized(name, model_dir, cfg))
-        elif name in PRECISION_PEERS:
-            # as `generate --model DIR --precision ...` (its default --quantization auto)
-            systems.append(_load_kvcli(str(model_dir), cfg, name, *PRECISION_PEERS[name], "auto"))
-        elif name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
-            systems.append(_load_kvcli(str(model_dir), cfg, name, "exact", None,
-                                       kv_cache_dtype=KV_DTYPES[name]))
-        else:
-            systems.append(kvcli.variant(name, enable_prefix_caching=False))
+    """kvcli's row, then every --compare system in order; on a failure, those already
+    started are closed."""
+    systems: list[Any] = []
+    try:
+        kvcli = _kvcli_system(KVCLI, model_dir, cfg, progress)
+        systems.append(kvcli)
+        for name in cfg.compare:
+            progress(f"loading {name}")
+            systems.append(_peer(name, kvcli, model_dir, cfg, progress))
+    except BaseException:
+        for system in systems:
+            if hasattr(system, "close"):
+                system.close()
+        raise
     return systems
 
 
-def _weights_spec(model_dir: Path, cfg: BenchConfig, mode: str | None) -> str:
-    """What kvcli loads ``mode`` from: gguf runs a GGUF spec itself (as generate does, not via
-    a conversion's record, whose source may be gone), anything else the bench's directory."""
-    from kvcli.checkpoint.quant_modes import GGUF_MODES, spec_gguf
+def _peer(name: str, kvcli: Any, model_dir: Path, cfg: BenchConfig,
+          progress: Callable[[str], None]) -> Any:
+    from kvcli.bench.hf_systems import HFGenerateBatchSystem, HFGenerateSystem
 
-    return str(cfg.model) if mode in GGUF_MODES and spec_gguf(cfg.model) else str(model_dir)
+    if name == "llamacpp":
+        return llamacpp_peer(cfg)
+    if name == "vllm":
+        return start_vllm(model_dir, cfg, kvcli.max_model_len, progress)
+    if name in OPENVINO_PEERS:
+        return start_openvino(model_dir, cfg, progress, name)
+    if name == "hf-generate":
+        return HFGenerateSystem(model_dir, cfg.hf_batch_size)
+    if name == "hf-generate-batch":
+        return HFGenerateBatchSystem(model_dir, cfg.hf_page_size, cfg.max_num_batched_tokens)
+    if name == NO_CACHE and not cfg.isolated:  # the reference's engine, weights shared
+        return kvcli.variant(name, enable_prefix_caching=False)
+    return _kvcli_system(name, model_dir, cfg, progress)
+
+
+def _kvcli_system(name: str, model_dir: Path, cfg: BenchConfig,
+                  progress: Callable[[str], None]) -> Any:
+    """A kvcli row: loaded here, or (--isolate) started in a process of its own."""
+    from kvcli.bench.kvcli_process import KvcliProcessSystem
+    from kvcli.bench.kvcli_rows import kvcli_row, load_row
+
+    row = kvcli_row(name, model_dir, cfg)
+    if name == KVCLI:
+        progress(f"loading kvcli engine ({row.model}, quantization {row.quantization or 'none'})")
+    if not cfg.isolated:
+        return load_row(row)
+    system = KvcliProcessSystem(row, cfg.threads).start()
+    progress(f"  {name} loaded in its own process in {system.load_s:.1f} s "
+             f"(RSS {system.load_rss_mb} MiB)")
+    return system
 
 
 def bench_model_dir(cfg: BenchConfig, mode: str | None) -> Path:
@@ -129,13 +151,6 @@ def bench_model_dir(cfg: BenchConfig, mode: str | None) -> Path:
     return Path(resolve_model(cfg.model))
 
 
-def kvcli_mode(cfg: BenchConfig) -> str | None:
-    """The kvcli row's weights: --quantization resolved for --model as generate resolves it."""
-    from kvcli.checkpoint.quant_modes import resolve_mode
-
-    return resolve_mode(cfg.model, cfg.quantization, "cpu", cfg.dtype, cfg.precision)
-
-
 def llamacpp_peer(cfg: BenchConfig) -> Any:
     """llama-server on the GGUF file behind --model (the default model's, or a .gguf)."""
     import torch
@@ -149,37 +164,6 @@ def llamacpp_peer(cfg: BenchConfig) -> Any:
                                f"{cfg.model} is not one (give the default model or a .gguf)")
     assert cfg.llamacpp_server is not None  # checked by the command before any loading
     return LlamaCppSystem(cfg.llamacpp_server, gguf, cfg.threads or torch.get_num_threads()).check()
-
-
-def _load_kvcli(model_dir: str, cfg: BenchConfig, name: str | None, precision: str,
-                dtype: str | None, quantization: str | None = None,
-                kv_cache_dtype: str | None = None) -> Any:
-    """kvcli's engine at ``precision`` / ``dtype`` / ``quantization`` / ``kv_cache_dtype``
-    (default the bench's --kv-cache-dtype; ``name`` None: kvcli's own row)."""
-    from kvcli.bench.systems import KVCLI, KvcliSystem
-
-    try:
-        return KvcliSystem.load(model_dir, cfg.max_num_batched_tokens, quantization,
-                                name or KVCLI, precision, dtype,
-                                kv_cache_dtype or cfg.kv_cache_dtype)
-    except ValueError as err:  # PrecisionError, QuantError: bfloat16 without it, gguf without a GGUF
-        flag = (f"--compare {name}" if name
-                else "--quantization / --precision / --dtype / --kv-cache-dtype")
-        raise BenchConfigError(f"{flag}: {err}") from None
-
-
-def load_quantized(name: str, model_dir: Path, cfg: BenchConfig) -> Any:
-    """kvcli with quantized weights: gguf runs the GGUF spec's tensors (or those of the file
-    a directory was converted from, found by its record), int8 quantizes the reference
-    directory's float32 weights at load."""
-    from kvcli.bench.systems import KvcliSystem
-
-    mode = QUANTIZED[name]
-    try:
-        return KvcliSystem.load(_weights_spec(model_dir, cfg, mode), cfg.max_num_batched_tokens,
-                                mode, name)
-    except ValueError as err:  # QuantError: e.g. no GGUF behind a safetensors model
-        raise BenchConfigError(f"--compare {name}: {err}") from None
 
 
 def start_vllm(model_dir: Path, cfg: BenchConfig, max_model_len: int,
@@ -236,18 +220,17 @@ def _run_workloads(cfg: BenchConfig, systems: list[Any], model_dir: Path,
 
     from kvcli.bench.measure import machine_info
     from kvcli.bench.runner import check_fits, run_workload
-    from kvcli.bench.workloads import build_workload
     from kvcli.checkpoint.resolve import DEFAULT_MODEL_NAME
 
     kvcli = systems[0]
     docs = []
     for name in cfg.workloads:
-        workload = build_workload(name, kvcli.base.tokenizer, num_prompts=cfg.num_prompts,
-                                  seed=cfg.seed, scale=cfg.scale, max_new_tokens=cfg.max_tokens)
+        workload = kvcli.workload(name, num_prompts=cfg.num_prompts, seed=cfg.seed,
+                                  scale=cfg.scale, max_new_tokens=cfg.max_tokens)
         check_fits(workload, kvcli.max_model_len)
         machine = machine_info(torch.get_num_threads())
         section = run_workload(workload, systems, cfg.repeat, progress, cfg.warmup)
         docs.append({"workload": name, "model": cfg.model or DEFAULT_MODEL_NAME,
                      "model_dir": str(model_dir), "seed": cfg.seed, "scale": cfg.scale,
-                     "machine": machine, **section})
+                     "isolated": cfg.isolated, "machine": machine, **section})
     return docs

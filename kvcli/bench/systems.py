@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kvcli.bench.workloads import Workload
 
 KVCLI = "kvcli"
 
@@ -25,7 +28,10 @@ class RunResult:
     ttfts: list[float]  # seconds from the start of the run to each request's first token
     cached_tokens: int | None = None
     kv_utilization: float | None = None
-    peak_rss_mb: float | None = None  # set by systems in another process (the peers)
+    # Set by systems in a process of their own (the peers, isolated kvcli rows): that
+    # process's peak during the run, and (kvcli's) that peak minus its RSS at the start.
+    peak_rss_mb: float | None = None
+    rss_growth_mb: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,7 +68,8 @@ class KvcliSystem:
     @classmethod
     def load(cls, model: str | None, max_num_batched_tokens: int,
              quantization: str | None = None, name: str = KVCLI, precision: str = "exact",
-             dtype: str | None = None, kv_cache_dtype: str = "auto") -> KvcliSystem:
+             dtype: str | None = None, kv_cache_dtype: str = "auto",
+             enable_prefix_caching: bool = True) -> KvcliSystem:
         """An engine for ``model`` (a directory or a --model spec), as `kvcli generate
         --quantization --precision --dtype --kv-cache-dtype` would load it."""
         from kvcli.engine.llm_engine import EngineConfig, LLMEngine
@@ -70,7 +77,7 @@ class KvcliSystem:
         config = EngineConfig(model=model, max_num_batched_tokens=max_num_batched_tokens,
                               quantization=quantization, precision=precision, dtype=dtype,
                               kv_cache_dtype=kv_cache_dtype)
-        return cls(LLMEngine.from_config(config), name)
+        return cls(LLMEngine.from_config(config), name, enable_prefix_caching)
 
     def variant(self, name: str, enable_prefix_caching: bool) -> KvcliSystem:
         return KvcliSystem(self.base, name, enable_prefix_caching)
@@ -114,6 +121,13 @@ class KvcliSystem:
     @property
     def max_model_len(self) -> int:
         return int(self.base.max_model_len)
+
+    def workload(self, name: str, **options: Any) -> Workload:
+        """Workload ``name`` tokenized by this engine's tokenizer (the reference row's is the
+        bench's); ``options`` as build_workload's."""
+        from kvcli.bench.workloads import build_workload
+
+        return build_workload(name, self.base.tokenizer, **options)
 
     def prepare(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         """Untimed, before a workload's runs: a KV pool big enough for the workload. Zeroing

@@ -86,6 +86,12 @@ def _compare(ctx: click.Context, param: click.Parameter, value: str) -> list[str
                                     "kvcli's float32 in the same run instead.",
                        "kv_cache_dtype": "For kvcli's own row too (--compare kvcli-int8kv, "
                                          "kvcli-bf16kv run those beside it in the same run)."})
+@click.option("--isolate/--no-isolate", default=None,
+              help="Run kvcli's row and each kvcli-* row in a process of its own, as the "
+                   "peers run, so its peak RSS is that engine's alone (default: on when "
+                   "--compare names a kvcli-* row). Load stays untimed and every run starts "
+                   "from an empty prefix cache either way; --no-isolate loads them all in the "
+                   "bench's process, whose peak RSS they then share.")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up run of each system.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
