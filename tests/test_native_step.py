@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_quant_model import PROMPT, _greedy, quant_gguf  # noqa: F401 - the tiny GGUF fixture
+from quant_runs import PROMPT, greedy
+from test_quant_model import quant_gguf  # noqa: F401 - the tiny GGUF fixture
 
 from kvcli.engine.llm import LLM
 from kvcli.model.backend import model_backend
@@ -43,9 +44,9 @@ def test_decode_steps_are_one_native_call_equal_to_the_numpy_loop(quant_gguf, kv
                                                                   mode):
     model = load_quantized(resolve_model(str(quant_gguf), quantization=mode), mode)
     calls = _counted(model)
-    got, got_logits = _greedy(model, PROMPT, STEPS)
+    got, got_logits = greedy(model, PROMPT, STEPS)
     assert len(calls) == STEPS - 1  # every step after the prefill
-    want, want_logits = _numpy_loop(model, lambda: _greedy(model, PROMPT, STEPS))
+    want, want_logits = _numpy_loop(model, lambda: greedy(model, PROMPT, STEPS))
     assert got == want
     for a, b in zip(got_logits, want_logits, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)

@@ -9,6 +9,11 @@
   scales' float32 products differs. Row counts cross the register tiles (4 rows) and the row
   panels (248 rows at K = 192), 37 channels leave a partial 16-channel group and an odd one
   (AVX-512 tiles take two groups), 1 and 3 threads.
+- The k-quants (Q4_K, Q5_K, Q6_K: random blocks, see k_quant_blocks.py, de-quantized by gguf's
+  own ``gguf.quants.dequantize`` as the independent reference) likewise, to a max relative
+  error of 1e-5, their float32 scales d * sc being the products that reference forms.
+- Extreme weights (every nibble 15, Q8_0's +-127, Q5_K's 31, Q6_K's -32 and 31) against
+  activations of 127 steps: no saturating or wrongly negated sum.
 - Types it does not run are refused with an error naming them.
 """
 
@@ -21,11 +26,22 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from k_quant_blocks import K_QUANTS, random_k_quant
 
 from kvcli.model import native
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.int_weights import IntWeight, pack
-from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q4_K, Q8_0, QuantWeight, quantize_int8
+from kvcli.model.quant.weights import (
+    I8,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    QuantWeight,
+    quantize_int8,
+)
 from kvcli.model.routes import process_routes
 
 lib = native.load()
@@ -52,6 +68,10 @@ VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(lib is None or not _runs(v)
 def gguf_weight(kind: int, out_f: int, in_f: int, seed: int) -> tuple[QuantWeight, np.ndarray]:
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((out_f, in_f)) / in_f**0.5).astype(np.float32)
+    if kind in K_QUANTS:
+        weight = random_k_quant(kind, out_f, in_f, seed)
+        dense = dequantize(weight.data.numpy(), GGMLQuantizationType(kind))
+        return weight, dense.reshape(out_f, in_f)
     if kind == I8:  # kvcli's per-channel int8 (--quantization int8)
         q = quantize_int8(torch.from_numpy(w))
         return q, (q.data.double() * q.scale.double()[:, None]).numpy()
@@ -107,6 +127,33 @@ def test_matmul_equals_float64_of_quantized_operands(variant, kind, rows, thread
     assert np.abs(got.numpy() - full - (bias.numpy())).max() < 0.02 * np.abs(full).max()
 
 
+def _dequantized_activations(x: np.ndarray) -> np.ndarray:
+    """The kernel's own q8_0 rounding of ``x``, de-quantized in float64."""
+    q, d, _ = kernel_quantize(x)
+    return (q.reshape(x.shape[0], -1, 32).astype(np.float64) * d[..., None]).reshape(x.shape)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kind", [Q4_K, Q5_K, Q6_K])
+@pytest.mark.parametrize("rows", [1, 3, 7, 16, 33])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_k_quant_matmul_equals_float64_of_quantized_operands(variant, kind, rows, threads,
+                                                             monkeypatch):
+    """K = 768: three superblocks (24 sub-blocks); 37 channels: a partial group."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    out_f, in_f = 37, 768
+    weight, dense = gguf_weight(kind, out_f, in_f, seed=rows + kind)
+    packed = pack(weight, replace(process_routes(), int_matmul=variant))
+    x = np.random.default_rng(rows).standard_normal((rows, in_f)).astype(np.float32)
+    bias = torch.randn(out_f)
+    for b in (None, bias):
+        expected = (_dequantized_activations(x) @ dense.astype(np.float64).T
+                    + (0 if b is None else b.double().numpy()))
+        got = packed.linear(torch.from_numpy(x), b).numpy()
+        assert got.shape == (rows, out_f)
+        assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variants_agree_and_leading_dims_are_kept(variant):
     weight, _ = gguf_weight(Q4_1, 48, 96, seed=5)
@@ -117,8 +164,9 @@ def test_variants_agree_and_leading_dims_are_kept(variant):
     assert torch.allclose(got, reference, atol=1e-5, rtol=1e-5)
 
 
-def test_embedding_rows_come_from_the_gguf_bytes():
-    weight, dense = gguf_weight(Q8_0, 20, 64, seed=1)
+@pytest.mark.parametrize("kind", [Q8_0, Q6_K])  # Q6_K: a Q4_K_M file's output layer
+def test_embedding_rows_come_from_the_gguf_bytes(kind):
+    weight, dense = gguf_weight(kind, 20, 256, seed=1)
     routes = replace(process_routes(), int_matmul=native.qint_variant(lib))
     kept = pack(weight, routes, keep_source=True)
     assert isinstance(kept, IntWeight)
@@ -128,10 +176,11 @@ def test_embedding_rows_come_from_the_gguf_bytes():
 
 
 def test_unsupported_types_and_variants_are_refused(monkeypatch):
-    k_quant = QuantWeight(Q4_K, torch.zeros(16, 144, dtype=torch.uint8), (16, 256))
+    q5_0 = QuantWeight(6, torch.zeros(16, 22, dtype=torch.uint8), (16, 32))  # GGML Q5_0
     routes = replace(process_routes(), int_matmul=native.qint_variant(lib))
-    with pytest.raises(QuantError, match="has Q4_K .*--quantization gguf"):
-        pack(k_quant, routes)
+    with pytest.raises(QuantError, match="runs Q4_0, .*Q6_K weights; this model has GGML type 6 "
+                                         r"\(use --quantization gguf\)"):
+        pack(q5_0, routes)
     monkeypatch.setenv("KVCLI_QINT_ISA", "sse2")
     with pytest.raises(ValueError, match="expected one of avx512-vnni"):
         native.qint_variant(lib)
@@ -143,22 +192,35 @@ def test_unsupported_types_and_variants_are_refused(monkeypatch):
     assert native.qint_variant(lib) == "avx2"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0])
-def test_extreme_bytes_do_not_saturate(variant, kind):
-    """Blocks of nibbles 15 (Q8_0: bytes of 127 and -127) against activations of 127 steps:
-    the AVX2 path's 16-bit pair sums are at their largest and must not saturate."""
-    rows, in_f = 16, 64
-    block_bytes = {Q4_0: 18, Q4_1: 20, Q8_0: 34}[kind]
-    blocks = np.zeros((rows, in_f // 32, block_bytes), np.uint8)
-    blocks[..., :2] = np.full(blocks.shape[:2], 0.01, np.float16).view(np.uint8).reshape(
-        *blocks.shape[:2], 2)
+FP16_AT = {Q4_0: (0,), Q4_1: (0, 2), Q8_0: (0,), **{k: at for k, (_, at) in K_QUANTS.items()}}
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, **{k: size for k, (size, _) in K_QUANTS.items()}}
+
+
+def _extreme_blocks(kind: int, rows: int, in_f: int) -> np.ndarray:
+    """Every bit set (nibbles 15; Q4_K's / Q5_K's scales and minima 63, Q5_K's q 31, Q6_K's q 63,
+    i.e. 31), but Q8_0's rows 127 then -127, Q6_K's last 8 rows q 0 (-32) with scales 127 then
+    -128; fp16 scales 0.01."""
+    per = 256 if kind in K_QUANTS else 32
+    blocks = np.full((rows, in_f // per, BLOCK_BYTES[kind]), 0xFF, np.uint8)
     if kind == Q8_0:
-        blocks[:8, :, 2:] = 127
-        blocks[8:, :, 2:] = np.uint8(256 - 127)
-    else:
-        blocks[..., block_bytes - 16:] = 0xFF
-    packed_bytes = blocks.reshape(rows, -1)
+        blocks[:8, :, 2:], blocks[8:, :, 2:] = 127, 256 - 127
+    if kind == Q6_K:
+        blocks[8:, :, :192] = 0
+        blocks[:8, :, 192:208], blocks[8:, :, 192:208] = 127, 128
+    for at in FP16_AT[kind]:
+        blocks[:, :, at : at + 2] = np.full(blocks.shape[:2], 0.01, np.float16).view(
+            np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K])
+def test_extreme_bytes_do_not_saturate(variant, kind):
+    """Weights at their largest magnitudes against activations of 127 steps: the AVX2 path's
+    16-bit pair sums are at their largest and must not saturate, nor its sign trick negate a
+    weight wrongly."""
+    rows, in_f = 16, 256
+    packed_bytes = _extreme_blocks(kind, rows, in_f)
     weight = QuantWeight(kind, torch.from_numpy(packed_bytes), (rows, in_f))
     dense = dequantize(packed_bytes, GGMLQuantizationType(kind)).reshape(rows, in_f)
     x = np.ones((3, in_f), np.float32)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from test_quant_model import _greedy, quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture
+from quant_runs import greedy
+from test_quant_model import quant_gguf  # noqa: F401 - the tiny quantized GGUF fixture
 
 from kvcli.checkpoint import gguf_meta
 from kvcli.checkpoint.convert import ModelResolveError
@@ -41,8 +42,8 @@ def test_gguf_mode_directory_equals_the_conversion(quant_gguf, kvcli_home):  # n
     for name in COMPANIONS:
         assert (meta_dir / name).read_bytes() == (converted / name).read_bytes(), name
     prompt = list(range(5, 45))
-    want, want_logits = _greedy(load_quantized(converted, "gguf"), prompt, 4)
-    got, got_logits = _greedy(load_quantized(meta_dir, "gguf"), prompt, 4)
+    want, want_logits = greedy(load_quantized(converted, "gguf"), prompt, 4)
+    got, got_logits = greedy(load_quantized(meta_dir, "gguf"), prompt, 4)
     assert got == want
     assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits, strict=True))
     # A disk KV cache keys gguf-mode blocks by the GGUF's bytes (model.gguf links to it).

@@ -19,6 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from k_quant_blocks import K_QUANTS, random_k_quant
 from native_variants import native_lib  # noqa: F401 - fixture
 
 from kvcli.model import native
@@ -44,20 +45,6 @@ pytestmark = pytest.mark.usefixtures("native_lib")  # every test under each vari
 def gguf_weight(kind: int, w: torch.Tensor) -> QuantWeight:
     packed = quantize(w.numpy(), GGMLQuantizationType(kind))
     return QuantWeight(kind, torch.from_numpy(packed), tuple(w.shape))
-
-
-K_QUANTS = {Q4_K: (144, (0, 2)), Q5_K: (176, (0, 2)), Q6_K: (210, (208,))}  # bytes, fp16 at
-
-
-def random_k_quant(kind: int, out_f: int, in_f: int, seed: int) -> QuantWeight:
-    """Random k-quant blocks (every bit pattern is a valid block) with small fp16 scales."""
-    rng = np.random.default_rng(seed)
-    block_bytes, halves = K_QUANTS[kind]
-    blocks = rng.integers(0, 256, (out_f, in_f // 256, block_bytes), dtype=np.uint8)
-    for at in halves:
-        scale = rng.uniform(0.0005, 0.004, blocks.shape[:2]).astype(np.float16)
-        blocks[:, :, at : at + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
-    return QuantWeight(kind, torch.from_numpy(blocks.reshape(out_f, -1)), (out_f, in_f))
 
 
 def make_weight(kind: int, out_f: int, in_f: int, seed: int = 0) -> QuantWeight:

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from quant_runs import PROMPT, check_gguf_int_is_gguf_on_q8_0, greedy, python_matmuls, q8_0
 from tiny_models import make_tiny_gguf
 
 from kvcli.checkpoint.quant_modes import available_modes
 from kvcli.cli import main
 from kvcli.model import native
-from kvcli.model.attention import allocate_kv_cache, build_attention_metadata
 from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.loader import load_model
 from kvcli.model.quant import QuantError
@@ -31,8 +31,6 @@ from kvcli.model.quant.gguf_file import read_gguf
 from kvcli.model.quant.int_weights import IntWeight
 from kvcli.model.quant.load import load_quantized
 from kvcli.model.quant.weights import Q4_0, Q4_1, Q8_0, QuantWeight, quantize_int8
-
-BLOCK = 16
 
 
 def _kind_for(name: str) -> int:
@@ -61,26 +59,6 @@ def quant_gguf(request, tiny_models, tmp_path_factory) -> Path:
     return path
 
 
-def _greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Prefill ``prompt`` in one step, then decode one token per step; every step's logits."""
-    kv = allocate_kv_cache(model, 16, BLOCK, torch.float32, "cpu")
-    tokens, computed, out, logits_seen = list(prompt), 0, [], []
-    blocks = list(range(16))
-    while len(out) < steps:
-        new = len(tokens) - computed
-        meta = build_attention_metadata([blocks], [computed], [new], BLOCK, "cpu")
-        ids = torch.tensor(tokens[computed:])
-        logits = model.compute_logits(model(ids, torch.arange(computed, len(tokens)), meta, kv))
-        logits_seen.append(logits[-1])
-        computed = len(tokens)
-        out.append(int(logits[-1].argmax()))
-        tokens.append(out[-1])
-    return out, logits_seen
-
-
-PROMPT = list(range(5, 85))  # 80 rows: the prefill goes through the float32 GEMM path
-
-
 def test_gguf_mode_equals_the_converted_float32_model(quant_gguf, kvcli_home):
     model_dir = resolve_model(str(quant_gguf))
     reference = load_model(model_dir)
@@ -88,8 +66,8 @@ def test_gguf_mode_equals_the_converted_float32_model(quant_gguf, kvcli_home):
     kinds = {m.weight.kind for m in quant.modules() if isinstance(getattr(m, "weight", None),
                                                                   QuantWeight)}
     assert kinds == {Q8_0, Q4_0, Q4_1}
-    want, want_logits = _greedy(reference, PROMPT, 6)
-    got, got_logits = _greedy(quant, PROMPT, 6)
+    want, want_logits = greedy(reference, PROMPT, 6)
+    got, got_logits = greedy(quant, PROMPT, 6)
     assert got == want
     for a, b in zip(got_logits, want_logits, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
@@ -105,13 +83,6 @@ def _with_int8_rounded_weights(model):
     return model
 
 
-def _python_matmuls(model):
-    """``model`` with its decode steps' matmuls called through QuantWeight.linear (where a test
-    patches it), not inside the one-call native step (kvcli/model/native_step.py)."""
-    model._numpy_decoder.native_step = None
-    return model
-
-
 def _no_integer_kernels() -> str:
     raise ValueError("integer-activation kernels need an x86 CPU with AVX2, FMA and F16C")
 
@@ -124,14 +95,14 @@ def test_int8_mode_computes_with_the_rounded_weights(tiny_models, monkeypatch):
     quant = load_quantized(model_dir, "int8")
     assert all(isinstance(m.weight, QuantWeight) for m in quant.modules()
                if type(m).__name__ in ("Linear", "QuantEmbedding"))
-    want_tokens, want = _greedy(_with_int8_rounded_weights(load_model(model_dir)), PROMPT[:20], 4)
-    got_tokens, got = _greedy(quant, PROMPT[:20], 4)
+    want_tokens, want = greedy(_with_int8_rounded_weights(load_model(model_dir)), PROMPT[:20], 4)
+    got_tokens, got = greedy(quant, PROMPT[:20], 4)
     assert got_tokens == want_tokens
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
     # Quality against float32, measured on this random model: max |delta logit| 5% of the
     # largest logit (random weights with std 0.2 are far rougher than a trained model's).
-    _, exact = _greedy(load_model(model_dir), PROMPT[:20], 1)
+    _, exact = greedy(load_model(model_dir), PROMPT[:20], 1)
     assert (got[0] - exact[0]).abs().max() < 0.1 * exact[0].abs().max()
     assert available_modes(model_dir) == ["int8"]
 
@@ -143,12 +114,12 @@ def test_int8_mode_runs_the_integer_kernels(tiny_models, monkeypatch):
     quant = load_quantized(model_dir, "int8")
     assert all(isinstance(m.weight, IntWeight) for m in quant.modules()
                if type(m).__name__ in ("Linear", "QuantEmbedding"))
-    got_tokens, got = _greedy(quant, PROMPT[:20], 4)
+    got_tokens, got = greedy(quant, PROMPT[:20], 4)
     monkeypatch.setattr(native, "qint_variant", lambda lib: _no_integer_kernels())
     real_linear = QuantWeight.linear
     monkeypatch.setattr(QuantWeight, "linear",
-                        lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
-    want_tokens, want = _greedy(_python_matmuls(load_quantized(model_dir, "int8")), PROMPT[:20], 4)
+                        lambda self, x, bias, routes=None: real_linear(self, q8_0(x), bias, routes))
+    want_tokens, want = greedy(python_matmuls(load_quantized(model_dir, "int8")), PROMPT[:20], 4)
     assert got_tokens == want_tokens
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
@@ -227,31 +198,12 @@ def test_default_model_gguf_mode_equals_float32(default_model_dir):
     """The default model's Q4_1 GGUF run in its own types gives float32's greedy tokens (its
     float32 conversion is these weights de-quantized; logits of ~20 agree to 1e-3)."""
     prompt = list(range(1000, 1040))
-    want, want_logits = _greedy(load_model(default_model_dir), prompt, 8)
-    got, got_logits = _greedy(load_quantized(default_model_dir, "gguf"), prompt, 8)
+    want, want_logits = greedy(load_model(default_model_dir), prompt, 8)
+    got, got_logits = greedy(load_quantized(default_model_dir, "gguf"), prompt, 8)
     assert got == want
     assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-4)
                for a, b in zip(got_logits, want_logits, strict=True))
 
-
-
-def _q8_0(x: torch.Tensor) -> torch.Tensor:
-    """x rounded as gguf-int rounds a matmul's input: the kernels' own q8_0 quantizer
-    (tests/test_qint_kernels.py checks it against the formula), de-quantized."""
-    flat = x.reshape(-1, x.shape[-1]).float().contiguous()
-    rows, k = flat.shape
-    q = torch.empty((rows, k), dtype=torch.int8)
-    d, s = torch.empty((rows, k // 32)), torch.empty((rows, k // 32))
-    native.load().kvcli_qint_quantize(flat.data_ptr(), q.data_ptr(), d.data_ptr(), s.data_ptr(),
-                                      rows, k)
-    return (q.reshape(rows, -1, 32).float() * d[..., None]).reshape(x.shape)
-
-
-def _reference_weights(int_model, float_model) -> dict[int, object]:
-    """Each of ``int_model``'s integer weights -> the same module's GGUF weight in ``float_model``."""
-    floats = dict(float_model.named_modules())
-    return {id(m.weight): floats[name].weight for name, m in int_model.named_modules()
-            if isinstance(getattr(m, "weight", None), IntWeight)}
 
 
 def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monkeypatch):
@@ -265,27 +217,7 @@ def test_gguf_int_mode_is_gguf_on_q8_0_activations(quant_gguf, kvcli_home, monke
     model = load_quantized(model_dir, "gguf-int")
     assert {type(m.weight) for m in model.modules()
             if type(m).__name__ in ("Linear", "QuantEmbedding")} == {IntWeight}
-    assert "int8 activations, " in model.routes.describe()["matmul"]
-    reference = _reference_weights(model, load_quantized(model_dir, "gguf"))
-    real_int, real_linear, worst = IntWeight.linear, QuantWeight.linear, []
-
-    def checked(self, x, bias, routes=None):
-        y = real_int(self, x, bias, routes)
-        want = reference[id(self)].linear(_q8_0(x), bias, routes)
-        worst.append(float((y - want).abs().max() / want.abs().max().clamp_min(1e-6)))
-        return y
-
-    monkeypatch.setattr(IntWeight, "linear", checked)
-    got, got_logits = _greedy(_python_matmuls(model), PROMPT, 6)
-    assert len(worst) > 6 * len(reference) // 2 and max(worst) < 1e-5  # every matmul, every step
-    monkeypatch.setattr(IntWeight, "linear", real_int)
-    _, float_logits = _greedy(load_quantized(model_dir, "gguf"), PROMPT, 6)
-    monkeypatch.setattr(QuantWeight, "linear",
-                        lambda self, x, bias, routes=None: real_linear(self, _q8_0(x), bias, routes))
-    want, _ = _greedy(_python_matmuls(load_quantized(model_dir, "gguf")), PROMPT, 6)
-    assert got == want
-    for a, f in zip(got_logits, float_logits, strict=True):
-        assert (a - f).abs().max() < 0.1 * f.abs().max()  # as int8 weights above
+    check_gguf_int_is_gguf_on_q8_0(model, model_dir, monkeypatch)
 
 
 def test_gguf_int_without_native_kernels_is_a_clear_error(quant_gguf, monkeypatch, kvcli_home):

@@ -116,7 +116,8 @@ def test_gguf_int_types_are_what_the_integer_kernels_take():
 def test_fast_runs_a_gguf_on_the_integer_kernels_where_they_take_every_type(tiny_models,
                                                                             tmp_path):
     """--precision fast under --quantization auto: gguf-int for a Q8_0 file; an explicit mode
-    and the exact preset are unchanged; a type the integer kernels lack (Q4_K) keeps gguf."""
+    and the exact preset are unchanged; a k-quant (Q4_K) takes gguf-int too, a type neither
+    mode runs (Q5_0) neither."""
     q8 = _q8_gguf(tiny_models, tmp_path / "q8.gguf")
     assert resolve_mode(str(q8), "auto", "cpu", None, "fast") == "gguf-int"
     assert resolve_mode(str(q8), "auto", "cpu", None, "exact") == "gguf"
@@ -126,10 +127,11 @@ def test_fast_runs_a_gguf_on_the_integer_kernels_where_they_take_every_type(tiny
     at = raw.index(b"output_norm.weight")
     n_dims = int.from_bytes(raw[at + 18 : at + 22], "little")
     type_at = at + 22 + 8 * n_dims
-    raw[type_at : type_at + 4] = (12).to_bytes(4, "little")  # GGML Q4_K: gguf runs it, gguf-int not
-    qk = tmp_path / "qk.gguf"
-    qk.write_bytes(bytes(raw))
-    assert auto_mode(qk, precision="fast") == "gguf"
+    for kind, mode in ((12, "gguf-int"), (6, "none")):  # GGML Q4_K, Q5_0
+        raw[type_at : type_at + 4] = kind.to_bytes(4, "little")
+        changed = tmp_path / f"type{kind}.gguf"
+        changed.write_bytes(bytes(raw))
+        assert auto_mode(changed, precision="fast") == mode
 
 
 def test_cli_choices_are_the_modes():

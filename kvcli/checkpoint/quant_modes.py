@@ -7,8 +7,9 @@ output identical to the conversion's) where the gguf mode can run it: CPU, float
 architecture file whose tensors all have gguf-mode kernels. Anything else under ``auto``, and
 everything under ``none``, runs float weights: a float checkpoint as it is, a GGUF converted once
 to float32. Under ``--precision fast``, ``auto`` runs such a GGUF as ``gguf-int`` instead where
-every matrix is a type the integer kernels take (Q4_0, Q4_1, Q8_0): measured on the default
-model, decode-1 4.1x and prefill 1.8x float32's speed, perplexity +0.18% (docs/BENCHMARKS.md).
+every matrix is a type the integer kernels take (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K): measured
+on the default model (Q4_1), decode-1 4.1x and prefill 1.8x float32's speed, perplexity +0.18%
+(docs/BENCHMARKS.md).
 ``int8``, ``gguf`` and ``gguf-int`` are asked for explicitly.
 """
 
@@ -28,8 +29,9 @@ CHOICES = ("auto", "none", *MODES)  # what --quantization accepts
 # GGML tensor types the gguf mode runs (kvcli/model/quant: F32, F16, Q4_0, Q4_1, Q8_0, Q4_K,
 # Q5_K, Q6_K); tests/test_quant_modes.py keeps this equal to what the loader reads.
 GGUF_MODE_TYPES = frozenset({0, 1, 2, 3, 8, 12, 13, 14})
-# The types gguf-int runs (the float ones and Q4_0, Q4_1, Q8_0: kvcli/model/quant/int_weights.py).
-GGUF_INT_TYPES = frozenset({0, 1, 2, 3, 8})
+# The types gguf-int runs (the float ones and Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K:
+# kvcli/model/quant/int_weights.py); tests/test_quant_modes.py keeps this equal to its INT_TYPES.
+GGUF_INT_TYPES = frozenset({0, 1, 2, 3, 8, 12, 13, 14})
 GGUF_MODE_ARCHITECTURES = ("llama",)  # kvcli/model/quant/gguf_weights.py
 FLOAT32_ACTIVATIONS = (None, "float32", "auto")  # the --dtype values the gguf mode runs under
 

@@ -109,7 +109,7 @@ class EngineConfig:
              "converts a GGUF to float32; int8 quantizes at load (per output channel; integer "
              "dot products where the CPU has AVX2); gguf runs a GGUF model's own tensor types, "
              "memory-mapped; gguf-int the same weights repacked, activations quantized to int8 "
-             "per 32 values, integer dot products (Q4_0, Q4_1, Q8_0).")
+             "per 32 values, integer dot products (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).")
     kv_cache_dir: str | None = option(  # persistent prefix cache on disk (kvcli/kvstore)
         None, parse="kv_cache_dir", metavar="DIR", envvar="KVCLI_KV_CACHE_DIR",
         help="Persistent prefix cache: full KV blocks are kept in DIR across runs and processes, "

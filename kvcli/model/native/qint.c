@@ -3,18 +3,27 @@
  * q8_0: d = max|x| / 127, q = round(x / d)), and each 32-value block's dot product with the
  * weights' bytes is summed in int32 by the CPU's byte dot-product instructions.
  *
- * Weights (Q4_0, Q4_1, Q8_0; kvcli's per-channel int8, I8) are repacked once at load (kvcli_qint_pack): 16 output channels
- * interleaved per 32-value block, each channel's 4 consecutive weights in one 32-bit lane, so a
- * register of weight bytes meets one broadcast 4-byte group of activations per instruction (the
- * idea of llama.cpp's Q4_0 8x8 repacking). Per (group of 16 channels, block) one tile:
- *   Q4_0 / Q4_1: 4 x 64 bytes of nibbles (vector j: k-group j in the low nibbles, j + 4 in the
- *                high ones), 16 fp16 scales d, Q4_1 also 16 fp16 minima m
- *   Q8_0:        8 x 64 bytes of w + 128, 16 fp16 scales
+ * Weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; kvcli's per-channel int8, I8) are repacked once
+ * at load (qint_pack.c): 16 output channels interleaved per 32-value block (a k-quant's
+ * sub-block), each channel's 4 consecutive weights in one 32-bit lane, so a register of weight
+ * bytes meets one broadcast 4-byte group of activations per instruction (the idea of
+ * llama.cpp's Q4_0 8x8 repacking). Per (group of 16 channels, block) one tile (qint_layout.h):
+ *   Q4_0 / Q4_1 / Q4_K: 4 x 64 bytes of nibbles (vector j: k-group j in the low nibbles, j + 4
+ *                in the high ones); 16 fp16 scales d, Q4_1 also 16 fp16 minima m; Q4_K 16
+ *                float32 d * sc and 16 float32 -(dmin * m)
+ *   Q8_0 / Q5_K / Q6_K: 8 x 64 bytes (w + 128, q + 128, q - 32 + 128); Q8_0 16 fp16 scales,
+ *                Q5_K float32 scales and minima as Q4_K's, Q6_K 16 float32 d * sc for the
+ *                block's first 16 values and 16 for its last 16
  *   I8:          as Q8_0 with 16 float32 scales (each channel's, in every block)
  * Channels past N (the last group) are zero blocks. With the weights' bytes unsigned (u) and
  * w = d * (u - off) + m, a block contributes dx * (d * sum(u * qx) + (m - off * d) * sum(qx)):
- * the activations' per-block sums are kept beside their scales. Outputs differ from the float
- * product of the de-quantized weights only by the activations' rounding (and float32 sums).
+ * the activations' per-block sums are kept beside their scales. Q6_K's two scales per block
+ * need two integer sums (k-groups 0-3, 4-7), so its offset term needs the sum of each half
+ * block's qx: quantize_rows writes both (o, two per block). The alternative, unsigned q 0..63
+ * with sums starting at -32 * sum_half(qx), needs the same half sums; bytes q - 32 + 128 keep
+ * Q6_K on the byte types' paths (AVX2's signed one needs no offset term at all).
+ * Outputs differ from the float product of the de-quantized weights only by the activations'
+ * rounding (and float32 sums).
  *
  * The variant (AVX512-VNNI, AVX-VNNI, AVX2) is an argument: every one is compiled with its own
  * target attributes, whatever -march the rest of the library has, and Python picks the one the
@@ -26,77 +35,13 @@
 #include <string.h>
 
 #include "pool.h"
+#include "qint_layout.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, I8 = 24 }; /* I8: kvcli int8 rows, a float scale per row */
-#define GROUP 16 /* output channels per packed tile */
 #define TILE_GROUPS_512 2 /* groups per AVX-512 register tile (qint_kernel.h) */
 
-static inline int is_byte(const int type) { return type == Q8_0 || type == I8; }
-static inline int64_t qs_bytes(const int type) { return is_byte(type) ? 512 : 256; }
-/* I8's scales stay float32 (16 x 4 bytes): its per-channel scale is not an fp16. */
-static inline int64_t tile_bytes(const int type) {
-    return qs_bytes(type) + (type == Q4_1 || type == I8 ? 64 : 32);
-}
-static inline int64_t src_block_bytes(const int type) {
-    return type == I8 ? 32 : type == Q8_0 ? 34 : type == Q4_1 ? 20 : 18;
-}
-static int known(const int64_t type) {
-    return type == Q4_0 || type == Q4_1 || type == Q8_0 || type == I8;
-}
-
-/* Packed bytes of an N x K weight (kvcli_qint_pack's output size). */
-int64_t kvcli_qint_packed_bytes(int64_t type, int64_t N, int64_t K) {
-    if (!known(type) || K % 32) return -1;
-    return (N + GROUP - 1) / GROUP * (K / 32) * tile_bytes((int)type);
-}
-
-/* One source block's 32 unsigned weight bytes (Q4: nibbles in element order; Q8_0, I8: w + 128). */
-static void source_bytes(const int type, const uint8_t *blk, uint8_t *u) {
-    if (is_byte(type)) {
-        const int at = type == Q8_0 ? 2 : 0;
-        for (int j = 0; j < 32; j++) u[j] = (uint8_t)((int)(int8_t)blk[at + j] + 128);
-        return;
-    }
-    const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
-    for (int j = 0; j < 16; j++) {
-        u[j] = qs[j] & 15;
-        u[j + 16] = qs[j] >> 4;
-    }
-}
-
-/* scale: I8's float32 per row (NULL for the GGUF types, whose scales are in their blocks). */
-int kvcli_qint_pack(int64_t type, const uint8_t *src, const float *scale, uint8_t *dst, int64_t N,
-                    int64_t K) {
-    if (kvcli_qint_packed_bytes(type, N, K) < 0 || (type == I8 && !scale)) return -1;
-    const int t = (int)type;
-    const int64_t kb = K / 32, tb = tile_bytes(t), qsb = qs_bytes(t), bb = src_block_bytes(t);
-    memset(dst, 0, (size_t)kvcli_qint_packed_bytes(type, N, K));
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t b = 0; b < kb; b++) {
-            const uint8_t *blk = src + (n * kb + b) * bb;
-            uint8_t *tile = dst + ((n / GROUP) * kb + b) * tb;
-            const int c = (int)(n % GROUP);
-            uint8_t u[32];
-            source_bytes(t, blk, u);
-            for (int k = 0; k < 32; k++) {
-                const int kg = k / 4, at = c * 4 + k % 4;
-                if (is_byte(t))
-                    tile[kg * 64 + at] = u[k];
-                else
-                    tile[(kg & 3) * 64 + at] |= (uint8_t)(u[k] << (kg < 4 ? 0 : 4));
-            }
-            if (t == I8)
-                memcpy(tile + qsb + c * 4, scale + n, 4);
-            else
-                memcpy(tile + qsb + c * 2, blk, 2);
-            if (t == Q4_1) memcpy(tile + qsb + 32 + c * 2, blk + 2, 2);
-        }
-    return 0;
-}
-
 /* The weight offset the integer sums carry (w = d * (byte - off) + m): Q4_0's 8, the byte
- * types' 128 (their bytes are w + 128), except on AVX2, whose Q8_0 / I8 path multiplies the
- * signed weights. */
+ * types' 128 (their bytes are w + 128), except on AVX2, whose byte path multiplies the signed
+ * weights. */
 static int weight_offset(const int type, const int64_t variant) {
     if (type == Q4_0) return 8;
     return is_byte(type) && variant != 2 ? 128 : 0;
@@ -157,13 +102,22 @@ static inline int quantize_block(const float *v, int8_t *q, float *d) {
 #endif
 
 /* Rows [r0, r1) of x to int8 blocks: q, d (scale), s (d * sum of the block's q) and, where o is
- * not NULL, o = -off * sum of the block's q (the integer sums' starting value). */
+ * not NULL, o = -off * sum of the block's q (the integer sums' starting value); with halves,
+ * two per block: -off * the sum of its first 16 q, then of its last 16 (Q6_K's). */
 static void quantize_rows(const float *x, int8_t *q, float *d, float *s, int32_t *o, int off,
-                          int64_t r0, int64_t r1, int64_t K) {
+                          int halves, int64_t r0, int64_t r1, int64_t K) {
     for (int64_t blk = r0 * (K / 32); blk < r1 * (K / 32); blk++) {
         const int sum = quantize_block(x + blk * 32, q + blk * 32, d + blk);
         s[blk] = d[blk] * (float)sum;
-        if (o) o[blk] = -off * sum;
+        if (!o) continue;
+        if (!halves) {
+            o[blk] = -off * sum;
+            continue;
+        }
+        int first = 0;
+        for (int j = 0; j < 16; j++) first += q[blk * 32 + j];
+        o[2 * blk] = -off * first;
+        o[2 * blk + 1] = -off * (sum - first);
     }
 }
 
@@ -172,18 +126,18 @@ typedef struct {
     int8_t *q;
     float *d, *s;
     int32_t *o;
-    int off;
+    int off, halves;
     int64_t M, K;
 } quant_args;
 
 static void quant_part(const void *args, int64_t t, int64_t n) {
     const quant_args *a = (const quant_args *)args;
-    quantize_rows(a->x, a->q, a->d, a->s, a->o, a->off, a->M * t / n, a->M * (t + 1) / n, a->K);
+    quantize_rows(a->x, a->q, a->d, a->s, a->o, a->off, a->halves, a->M * t / n, a->M * (t + 1) / n, a->K);
 }
 
 /* The activations' quantization alone (tests compare the kernel against it). */
 void kvcli_qint_quantize(const float *x, int8_t *q, float *d, float *s, int64_t M, int64_t K) {
-    quantize_rows(x, q, d, s, NULL, 0, 0, M, K);
+    quantize_rows(x, q, d, s, NULL, 0, 0, 0, M, K);
 }
 
 typedef struct {
@@ -237,13 +191,22 @@ static inline int64_t panel_rows(const int64_t K, const int64_t tile) {
 #undef QV
 #pragma GCC pop_options
 
-static task_fn part_fn(int64_t variant, int64_t type) {
-    static const task_fn fns[3][4] = {
-        {part_q4_0_vnni512, part_q4_1_vnni512, part_q8_0_vnni512, part_i8_vnni512},
-        {part_q4_0_avxvnni, part_q4_1_avxvnni, part_q8_0_avxvnni, part_i8_avxvnni},
-        {part_q4_0_avx2, part_q4_1_avx2, part_q8_0_avx2, part_i8_avx2}};
-    return fns[variant][type == Q4_0 ? 0 : type == Q4_1 ? 1 : type == Q8_0 ? 2 : 3];
+/* The types' order in part_fn's table. */
+static int type_index(const int64_t type) {
+    static const int64_t order[7] = {Q4_0, Q4_1, Q8_0, I8, Q4_K, Q5_K, Q6_K};
+    int i = 0;
+    while (order[i] != type) i++;
+    return i;
 }
+
+#define QINT_PARTS(v)                                                                           \
+    {part_q4_0_##v, part_q4_1_##v, part_q8_0_##v, part_i8_##v, part_q4_k_##v, part_q5_k_##v,    \
+     part_q6_k_##v}
+static task_fn part_fn(int64_t variant, int64_t type) {
+    static const task_fn fns[3][7] = {QINT_PARTS(vnni512), QINT_PARTS(avxvnni), QINT_PARTS(avx2)};
+    return fns[variant][type_index(type)];
+}
+#undef QINT_PARTS
 #else
 #define QINT_VARIANTS 0
 static task_fn part_fn(int64_t variant, int64_t type) {
@@ -263,16 +226,18 @@ int64_t kvcli_qint_variants(void) { return QINT_VARIANTS; }
 int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t *w,
                     const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t threads) {
-    if (!known(type) || K % 32 || variant < 0 || variant >= QINT_VARIANTS) return -1;
+    if (!qint_known(type) || K % 32 || variant < 0 || variant >= QINT_VARIANTS) return -1;
     const int64_t kb = K / 32;
-    /* one allocation: q (M x K bytes, rounded to 64) then d, s and o (M x K/32 of 4 bytes each) */
+    const int halves = type == Q6_K; /* two offset terms per block (see the header) */
+    /* one allocation: q (M x K bytes, rounded to 64) then d, s and o (M x K/32 of 4 bytes each;
+     * o twice that for Q6_K) */
     const size_t qbytes = ((size_t)(M * K) + 63) / 64 * 64;
-    uint8_t *scratch = aligned_alloc(64, qbytes + (size_t)(3 * M * kb) * 4 + 64);
+    uint8_t *scratch = aligned_alloc(64, qbytes + (size_t)((3 + halves) * M * kb) * 4 + 64);
     if (!scratch) return -2;
     int8_t *q = (int8_t *)scratch;
     float *d = (float *)(scratch + qbytes), *s = d + M * kb;
     int32_t *o = (int32_t *)(s + M * kb);
-    const quant_args qa = {x, q, d, s, o, weight_offset((int)type, variant), M, K};
+    const quant_args qa = {x, q, d, s, o, weight_offset((int)type, variant), halves, M, K};
     kvcli_parallel(quant_part, &qa, M >= QUANT_PARALLEL_ROWS ? threads : 1, 0);
     const qint_args a = {q, d, s, bias, o, w, y, M, N, K};
     /* parts are whole register tiles of channels (AVX-512: two groups) */

@@ -3,10 +3,12 @@
  *   QV 0  AVX512-VNNI: 16 channels per register, vpdpbusd (u8 x s8 -> 4 products summed in i32)
  *   QV 1  AVX-VNNI:    8 channels per register (two per 16-channel group), VEX vpdpbusd
  *   QV 2  AVX2:        vpmaddubsw (u8 x s8 -> pairs in saturating i16) then vpmaddwd by ones
- * The packed layout (qint.c) is the same for all three, so one repack serves every variant.
+ * The packed layout (qint_layout.h, qint_pack.c) is the same for all three, so one repack serves
+ * every variant.
  * A register tile is QMR rows x QNV channel vectors: AVX-512 takes 4 rows x 2 groups (16 sums
  * and their 16 accumulators; 6 x 2 spilled, ~5% slower on Zen 4), the 8-channel variants 4 rows
- * x one half group (AVX2 has 16 registers).
+ * x one half group (AVX2 has 16 registers). Q6_K's second set of sums (two scales per block)
+ * adds QMR x QNV registers: 27 of AVX-512's 32, 14 of AVX2's 16 before temporaries.
  */
 
 #if QV == 0
@@ -63,7 +65,7 @@
 
 /* Unsigned weight bytes of k-group kg (k = 4 kg .. 4 kg + 3 of the block) for the channels of
  * half h: Q4 nibbles (group kg in the low nibbles of vector kg % 4, kg + 4 in the high ones),
- * or Q8_0's / I8's offset bytes (w + 128). */
+ * or the byte types' offset bytes (signed value + 128). */
 static AI qvi QN(wbytes)(const int type, const uint8_t *qs, const int h, const int kg) {
     if (is_byte(type)) return LOADW(qs + kg * 64 + h * CH * 4);
     const qvi v = LOADW(qs + (kg & 3) * 64 + h * CH * 4);
@@ -75,9 +77,10 @@ static AI qvi QN(wbytes)(const int type, const uint8_t *qs, const int h, const i
 static AI int QN(wide)(const int type) { return QV != 2 || is_byte(type); }
 
 /* acc += per-channel sum of 4 weight bytes x the 4 activation bytes broadcast in xb. The AVX2
- * Q8_0 path moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x
- * directly; a weight byte of -128, which quantizers never write (they round to +-127), would
- * negate wrongly. */
+ * byte path moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x
+ * directly; a weight of -128, which no byte type holds (Q8_0's quantizers round to +-127,
+ * Q5_K's are 0..31, Q6_K's -32..31), would negate wrongly, and its pairs, at most
+ * 2 * 127 * 127, fit the i16 of vpmaddubsw. */
 static AI qvi QN(step)(const int type, qvi acc, qvi w, qvi xb) {
 #if QV == 0
     (void)type;
@@ -97,57 +100,77 @@ static AI qvi QN(step)(const int type, qvi acc, qvi w, qvi xb) {
 static AI qvf QN(finish)(const int type, qvi acc, const int32_t o) {
 #if QV == 2
     if (!QN(wide)(type)) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
-    if (!QN(wide)(type) && type != Q4_1) acc = _mm256_add_epi32(acc, SETI(o)); /* Q4_1: o = 0 */
+    if (!QN(wide)(type) && !nibble_min(type)) acc = _mm256_add_epi32(acc, SETI(o)); /* else 0 */
 #else
     (void)type, (void)o;
 #endif
     return TOF(acc);
 }
 
+/* Block-level scale vectors of the channels of half h: the first (d; none for I8, whose
+ * channel scale is applied at the end) and, for two_scales types, the second. */
+static AI qvf QN(scale)(const int type, const uint8_t *sc, const int h, const int second) {
+    if (float_scales(type)) return LOADF(sc + (second ? GROUP * 4 : 0) + h * CH * 4);
+    return HALFS(sc + (second ? GROUP * 2 : 0) + h * CH * 2);
+}
+
 /* Rows [i, i + mr) x nv channel vectors from group g (AVX-512: groups g, g + 1; else half h of
  * group g), over the whole K. Per 32-value block the integer sums of each row start at
  * -off * sum(qx) (qint.c's o), so the float work per block is one conversion and
- *   I8:          acc += dx * sum                 (dw, the channel's, is applied at the end)
- *   Q4_0, Q8_0:  acc += dw * (dx * sum)
- *   Q4_1:        acc += dw * (dx * sum) + m * (dx * sum(qx)). */
+ *   I8:                acc += dx * sum              (dw, the channel's, is applied at the end)
+ *   Q4_0, Q8_0:        acc += dw * (dx * sum)
+ *   Q4_1, Q4_K, Q5_K:  acc += dw * (dx * sum) + m * (dx * sum(qx))
+ *   Q6_K:              acc += dw * (dx * sum) + dw2 * (dx * sum2)   (sum2: k-groups 4-7). */
 static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, const int mr,
                         const int nv, const int64_t g, const int h) {
     const int64_t K = a->K, kb = K / 32, tb = tile_bytes(type), qsb = qs_bytes(type);
     const int64_t gs = kb * tb; /* bytes per group */
+    const int os = type == Q6_K ? 2 : 1; /* o entries per block */
     const uint8_t *w = a->w + g * gs;
     const int8_t *x = a->q + i * K;
     const float *dx = a->d + i * kb, *sx = a->s + i * kb;
-    const int32_t *ox = a->o + i * kb;
+    const int32_t *ox = a->o + i * kb * os;
     qvf acc[QMR][QNV];
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nv; j++) acc[r][j] = ZEROF();
     for (int64_t b = 0; b < kb; b++, w += tb, x += 32) {
-        qvi isum[QMR][QNV];
+        qvi isum[QMR][QNV], isum2[QMR][QNV];
         for (int r = 0; r < mr; r++)
-            for (int j = 0; j < nv; j++)
-                isum[r][j] = type != Q4_1 && QN(wide)(type) ? SETI(ox[r * kb + b]) : ZEROI();
+            for (int j = 0; j < nv; j++) {
+                const int32_t *o = ox + (r * kb + b) * os;
+                isum[r][j] = !nibble_min(type) && QN(wide)(type) ? SETI(o[0]) : ZEROI();
+                if (type == Q6_K) isum2[r][j] = SETI(o[1]);
+            }
 #pragma GCC unroll 8
         for (int kg = 0; kg < 8; kg++) {
             qvi wv[QNV];
             for (int j = 0; j < nv; j++) wv[j] = QN(wbytes)(type, w + j * gs, h, kg);
             for (int r = 0; r < mr; r++) {
                 const qvi xb = BCAST32(x + r * K + kg * 4);
-                for (int j = 0; j < nv; j++) isum[r][j] = QN(step)(type, isum[r][j], wv[j], xb);
+                for (int j = 0; j < nv; j++) {
+                    if (type == Q6_K && kg >= 4)
+                        isum2[r][j] = QN(step)(type, isum2[r][j], wv[j], xb);
+                    else
+                        isum[r][j] = QN(step)(type, isum[r][j], wv[j], xb);
+                }
             }
         }
         for (int j = 0; j < nv; j++) {
             const uint8_t *sc = w + j * gs + qsb;
-            const qvf dw = type == I8 ? SETF(1.0f) : HALFS(sc + h * CH * 2);
-            const qvf mw = type == Q4_1 ? HALFS(sc + 32 + h * CH * 2) : ZEROF();
+            const qvf dw = type == I8 ? SETF(1.0f) : QN(scale)(type, sc, h, 0);
+            const qvf mw = two_scales(type) ? QN(scale)(type, sc, h, 1) : ZEROF();
             for (int r = 0; r < mr; r++) {
                 const int64_t at = r * kb + b;
-                const qvf sum = QN(finish)(type, isum[r][j], ox[at]);
+                const qvf sum = QN(finish)(type, isum[r][j], ox[at * os]);
                 if (type == I8) {
                     acc[r][j] = FMA(sum, SETF(dx[at]), acc[r][j]);
                     continue;
                 }
                 acc[r][j] = FMA(MULF(sum, SETF(dx[at])), dw, acc[r][j]);
-                if (type == Q4_1) acc[r][j] = FMA(mw, SETF(sx[at]), acc[r][j]);
+                if (type == Q6_K)
+                    acc[r][j] = FMA(MULF(TOF(isum2[r][j]), SETF(dx[at])), mw, acc[r][j]);
+                else if (two_scales(type))
+                    acc[r][j] = FMA(mw, SETF(sx[at]), acc[r][j]);
             }
         }
     }
@@ -213,18 +236,18 @@ static AI void QN(part)(const qint_args *a, const int type, const int64_t t, con
     }
 }
 
-static void QN(part_q4_0)(const void *a, int64_t t, int64_t n) {
-    QN(part)((const qint_args *)a, Q4_0, t, n);
-}
-static void QN(part_q4_1)(const void *a, int64_t t, int64_t n) {
-    QN(part)((const qint_args *)a, Q4_1, t, n);
-}
-static void QN(part_q8_0)(const void *a, int64_t t, int64_t n) {
-    QN(part)((const qint_args *)a, Q8_0, t, n);
-}
-static void QN(part_i8)(const void *a, int64_t t, int64_t n) {
-    QN(part)((const qint_args *)a, I8, t, n);
-}
+#define QPART(name, TYPE)                                                                       \
+    static void QN(name)(const void *a, int64_t t, int64_t n) {                                 \
+        QN(part)((const qint_args *)a, TYPE, t, n);                                             \
+    }
+QPART(part_q4_0, Q4_0)
+QPART(part_q4_1, Q4_1)
+QPART(part_q8_0, Q8_0)
+QPART(part_i8, I8)
+QPART(part_q4_k, Q4_K)
+QPART(part_q5_k, Q5_K)
+QPART(part_q6_k, Q6_K)
+#undef QPART
 
 #undef QN
 #undef qvi

@@ -1,12 +1,13 @@
 """Integer-activation matmuls (qint.c): ``--quantization gguf-int``'s GGUF weights and
 ``--quantization int8``'s per-channel int8 ones, repacked for them.
 
-Each Q4_0 / Q4_1 / Q8_0 / int8 matrix is repacked once at load into the kernel's interleaved layout
-(16 output channels per tile); every matmul, whatever its row count (decode-1, batched decode,
-prefill), quantizes its activations to int8 per 32 values and sums in integer arithmetic with
-the instruction-set variant the model's routes chose (``KernelRoutes.int_matmul``). Only the
-embedding keeps its GGUF bytes too, for its row look-ups; the other source matrices are dropped
-(they are views of the memory-mapped file, so nothing is copied for them).
+Each Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K / int8 matrix is repacked once at load into the
+kernel's interleaved layout (16 output channels per 32-value tile, a k-quant's sub-block with
+float32 scales; native/qint_pack.c); every matmul, whatever its row count (decode-1, batched
+decode, prefill), quantizes its activations to int8 per 32 values and sums in integer arithmetic
+with the instruction-set variant the model's routes chose (``KernelRoutes.int_matmul``). Only
+the embedding keeps its GGUF bytes too, for its row look-ups; the other source matrices are
+dropped (they are views of the memory-mapped file, so nothing is copied for them).
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ import torch
 
 from kvcli.model import native
 from kvcli.model.quant import QuantError
-from kvcli.model.quant.weights import I8, Q4_0, Q4_1, Q8_0, QuantWeight, _AsArray
+from kvcli.model.quant.weights import (
+    I8,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    QuantWeight,
+    _AsArray,
+)
 from kvcli.model.routes import KernelRoutes
 
-INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", I8: "int8"}
-_TYPE_NAMES = {12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+             I8: "int8"}
 
 
 @dataclass(eq=False)
@@ -70,9 +81,9 @@ class IntWeight(_AsArray):
 def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False) -> IntWeight:
     """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant)."""
     if weight.kind not in INT_TYPES:
-        name = _TYPE_NAMES.get(weight.kind, f"GGML type {weight.kind}")
-        raise QuantError(f"--quantization gguf-int runs Q4_0, Q4_1 and Q8_0 weights; this model "
-                         f"has {name} (use --quantization gguf)")
+        runs = ", ".join(name for kind, name in INT_TYPES.items() if kind != I8)
+        raise QuantError(f"--quantization gguf-int runs {runs} weights; this model has GGML "
+                         f"type {weight.kind} (use --quantization gguf)")
     lib = routes.native
     if lib is None or not routes.int_matmul:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
