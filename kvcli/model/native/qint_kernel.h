@@ -2,13 +2,16 @@
  * per variant, each under its own `#pragma GCC target`, with QV naming the variant):
  *   QV 0  AVX512-VNNI: 16 channels per register, vpdpbusd (u8 x s8 -> 4 products summed in i32)
  *   QV 1  AVX-VNNI:    8 channels per register (two per 16-channel group), VEX vpdpbusd
- *   QV 2  AVX2:        vpmaddubsw (u8 x s8 -> pairs in saturating i16) then vpmaddwd by ones
+ *   QV 2  AVX2:        vpmaddubsw (u8 x s8 -> pairs in saturating i16), summed in i16 over as
+ *                      many k-groups as cannot overflow (run16), then vpmaddwd by ones
  * The packed layout (qint_layout.h, qint_pack.c) is the same for all three, so one repack serves
  * every variant.
  * A register tile is QMR rows x QNV channel vectors: AVX-512 takes 4 rows x 2 groups (16 sums
- * and their 16 accumulators; 6 x 2 spilled, ~5% slower on Zen 4), the 8-channel variants 4 rows
- * x one half group (AVX2 has 16 registers). Q6_K's second set of sums (two scales per block)
- * adds QMR x QNV registers: 27 of AVX-512's 32, 14 of AVX2's 16 before temporaries.
+ * and their 16 accumulators; 6 x 2 spilled, ~5% slower on Zen 4), AVX-VNNI 4 rows x one half
+ * group, AVX2 6 rows x one half group (2-6% faster than 4 on Zen 3: the weights' vector and its
+ * unsigned form serve 6 rows; its sums live only within a block, each run's i16 sums widened
+ * into them as the run ends). Q6_K's second set of sums (two scales per block) adds QMR x QNV
+ * registers: 27 of AVX-512's 32.
  */
 
 #if QV == 0
@@ -35,7 +38,11 @@
 #define STOREF(p, v) _mm512_storeu_ps(p, v)
 #else
 #define CH 8
+#if QV == 2
+#define QMR 6
+#else
 #define QMR 4
+#endif
 #define QNV 1
 #define qvi __m256i
 #define qvf __m256
@@ -72,39 +79,46 @@ static AI qvi QN(wbytes)(const int type, const uint8_t *qs, const int h, const i
     return AND(kg < 4 ? v : SRL16(v, 4), SPLAT8(15));
 }
 
-/* The AVX2 Q4 path sums its pairs in i16 (8 steps of at most 2 * 15 * 127 fit 32767), so its
- * sums start at zero and take the offset term in finish(); every other one starts at it. */
-static AI int QN(wide)(const int type) { return QV != 2 || is_byte(type); }
-
-/* acc += per-channel sum of 4 weight bytes x the 4 activation bytes broadcast in xb. The AVX2
- * byte path moves the sign onto the weight (|x| is the unsigned operand), so it sums w * x
- * directly; a weight of -128, which no byte type holds (Q8_0's quantizers round to +-127,
- * Q5_K's are 0..31, Q6_K's -32..31), would negate wrongly, and its pairs, at most
- * 2 * 127 * 127, fit the i16 of vpmaddubsw. */
-static AI qvi QN(step)(const int type, qvi acc, qvi w, qvi xb) {
-#if QV == 0
-    (void)type;
-    return _mm512_dpbusd_epi32(acc, w, xb);
-#elif QV == 1
-    (void)type;
-    return _mm256_dpbusd_avx_epi32(acc, w, xb);
-#else
-    if (!is_byte(type)) return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, xb));
-    const qvi ws = _mm256_xor_si256(w, SPLAT8(0x80)); /* back to the signed weight */
-    const qvi p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(ws, xb));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-#endif
+#if QV == 2
+/* AVX2 sums vpmaddubsw's i16 pairs over this many k-groups before widening them to i32
+ * (vpmaddwd by ones), as many as provably fit 32767: Q4 nibbles 8 x 2 * 15 * 127 = 30480,
+ * Q5_K (0..31) and Q6_K (|w| <= 32) 4 x 2 * 32 * 127 = 32512, I8 and Q8_0 one (2 * 127 * 127). */
+static AI int QN(run16)(const int type) {
+    if (!is_byte(type)) return 8;
+    return type == Q5_K || type == Q6_K ? 4 : 1;
 }
 
-/* The block's exact integer sum(w_byte * qx) - off * sum(qx), as floats. */
-static AI qvf QN(finish)(const int type, qvi acc, const int32_t o) {
-#if QV == 2
-    if (!QN(wide)(type)) acc = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
-    if (!QN(wide)(type) && !nibble_min(type)) acc = _mm256_add_epi32(acc, SETI(o)); /* else 0 */
+/* The unsigned operand of vpmaddubsw for weight bytes w (once per tile and k-group, shared by
+ * its rows): the nibbles; Q5_K's q (w - 128, never negative); else |w - 128|, whose sign
+ * pairs() moves onto the activations. *ws gets the signed weight (byte types). */
+static AI qvi QN(unsigned_w)(const int type, const qvi w, qvi *ws) {
+    if (!is_byte(type)) return w;
+    *ws = _mm256_xor_si256(w, SPLAT8(0x80));
+    return type == Q5_K ? *ws : _mm256_abs_epi8(*ws);
+}
+
+/* The i16 pair sums of w * x for the 4 activation bytes broadcast in xb: |w| * sign(x, w) for
+ * the signed weights (exact for a weight of -128 too, |x| <= 127 as the quantizer rounds). */
+static AI qvi QN(pairs)(const int type, const qvi uw, const qvi ws, const qvi xb) {
+    if (!is_byte(type) || type == Q5_K) return _mm256_maddubs_epi16(uw, xb);
+    return _mm256_maddubs_epi16(uw, _mm256_sign_epi8(xb, ws));
+}
 #else
-    (void)type, (void)o;
+/* acc += per-channel sum of 4 weight bytes x the 4 activation bytes broadcast in xb. */
+static AI qvi QN(step)(qvi acc, qvi w, qvi xb) {
+#if QV == 0
+    return _mm512_dpbusd_epi32(acc, w, xb);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, w, xb);
 #endif
-    return TOF(acc);
+}
+#endif
+
+/* The starting value of a block's integer sums: -off * sum(qx) (qint.c's o, 0 on AVX2's byte
+ * paths), none for the nibbles with a min term. */
+static AI qvi QN(start)(const int type, const int32_t *o) {
+    if (nibble_min(type) || (QV == 2 && is_byte(type))) return ZEROI(); /* qint.c's weight_offset */
+    return SETI(*o);
 }
 
 /* Block-level scale vectors of the channels of half h: the first (d; none for I8, whose
@@ -112,6 +126,53 @@ static AI qvf QN(finish)(const int type, qvi acc, const int32_t o) {
 static AI qvf QN(scale)(const int type, const uint8_t *sc, const int h, const int second) {
     if (float_scales(type)) return LOADF(sc + (second ? GROUP * 4 : 0) + h * CH * 4);
     return HALFS(sc + (second ? GROUP * 2 : 0) + h * CH * 2);
+}
+
+/* One block's integer sums of rows [0, mr) (activations x, row stride K; their o entries at o,
+ * row stride ostride) with nv channel vectors of weights (half h of the tile at w, the next
+ * group gs bytes on): sum, and for Q6_K sum (k-groups 0-3) and sum2 (k-groups 4-7). */
+static AI void QN(block_sums)(const int type, const uint8_t *w, const int64_t gs, const int h,
+                              const int8_t *x, const int64_t K, const int32_t *o,
+                              const int64_t ostride, const int mr, const int nv,
+                              qvi sum[QMR][QNV], qvi sum2[QMR][QNV]) {
+#if QV == 2
+    qvi part[QMR][QNV]; /* the i16 pair sums of the current run of k-groups */
+#else
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nv; j++) {
+            sum[r][j] = QN(start)(type, o + r * ostride);
+            if (type == Q6_K) sum2[r][j] = QN(start)(type, o + r * ostride + 1);
+        }
+#endif
+#pragma GCC unroll 8
+    for (int kg = 0; kg < 8; kg++) {
+        qvi wv[QNV], uv[QNV];
+        for (int j = 0; j < nv; j++) wv[j] = QN(wbytes)(type, w + j * gs, h, kg);
+#if QV == 2
+        for (int j = 0; j < nv; j++) uv[j] = QN(unsigned_w)(type, wv[j], &wv[j]);
+#else
+        (void)uv;
+#endif
+        for (int r = 0; r < mr; r++) {
+            const qvi xb = BCAST32(x + r * K + kg * 4);
+            for (int j = 0; j < nv; j++) {
+                const int second = type == Q6_K && kg >= 4;
+                qvi *s = second ? &sum2[r][j] : &sum[r][j];
+#if QV == 2
+                const int run = QN(run16)(type), at = kg - 4 * second;
+                const qvi p = QN(pairs)(type, uv[j], wv[j], xb);
+                part[r][j] = at % run ? _mm256_add_epi16(part[r][j], p) : p;
+                if (at % run != run - 1) continue;
+                /* widened; the first run's sums start at the block's start value */
+                const qvi wide = _mm256_madd_epi16(part[r][j], _mm256_set1_epi16(1));
+                const qvi from = at == run - 1 ? QN(start)(type, o + r * ostride + second) : *s;
+                *s = _mm256_add_epi32(from, wide);
+#else
+                *s = QN(step)(*s, wv[j], xb);
+#endif
+            }
+        }
+    }
 }
 
 /* Rows [i, i + mr) x nv channel vectors from group g (AVX-512: groups g, g + 1; else half h of
@@ -135,33 +196,14 @@ static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, con
         for (int j = 0; j < nv; j++) acc[r][j] = ZEROF();
     for (int64_t b = 0; b < kb; b++, w += tb, x += 32) {
         qvi isum[QMR][QNV], isum2[QMR][QNV];
-        for (int r = 0; r < mr; r++)
-            for (int j = 0; j < nv; j++) {
-                const int32_t *o = ox + (r * kb + b) * os;
-                isum[r][j] = !nibble_min(type) && QN(wide)(type) ? SETI(o[0]) : ZEROI();
-                if (type == Q6_K) isum2[r][j] = SETI(o[1]);
-            }
-#pragma GCC unroll 8
-        for (int kg = 0; kg < 8; kg++) {
-            qvi wv[QNV];
-            for (int j = 0; j < nv; j++) wv[j] = QN(wbytes)(type, w + j * gs, h, kg);
-            for (int r = 0; r < mr; r++) {
-                const qvi xb = BCAST32(x + r * K + kg * 4);
-                for (int j = 0; j < nv; j++) {
-                    if (type == Q6_K && kg >= 4)
-                        isum2[r][j] = QN(step)(type, isum2[r][j], wv[j], xb);
-                    else
-                        isum[r][j] = QN(step)(type, isum[r][j], wv[j], xb);
-                }
-            }
-        }
+        QN(block_sums)(type, w, gs, h, x, K, ox + b * os, kb * os, mr, nv, isum, isum2);
         for (int j = 0; j < nv; j++) {
             const uint8_t *sc = w + j * gs + qsb;
             const qvf dw = type == I8 ? SETF(1.0f) : QN(scale)(type, sc, h, 0);
             const qvf mw = two_scales(type) ? QN(scale)(type, sc, h, 1) : ZEROF();
             for (int r = 0; r < mr; r++) {
                 const int64_t at = r * kb + b;
-                const qvf sum = QN(finish)(type, isum[r][j], ox[at * os]);
+                const qvf sum = TOF(isum[r][j]);
                 if (type == I8) {
                     acc[r][j] = FMA(sum, SETF(dx[at]), acc[r][j]);
                     continue;
@@ -217,6 +259,10 @@ static AI void QN(rows)(const qint_args *a, const int type, const int64_t r0, co
     case 1: QSPAN(1); break;
     case 2: QSPAN(2); break;
     case 3: QSPAN(3); break;
+#if QMR > 4
+    case 4: QSPAN(4); break;
+    case 5: QSPAN(5); break;
+#endif
     default: break;
     }
 }
