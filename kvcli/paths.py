@@ -34,7 +34,12 @@ def gguf_dir(home: Path | None = None) -> Path:
 
 
 def kernels_dir(home: Path | None = None) -> Path:
-    """The compiled C kernels, one shared library per source/flags/compiler/CPU key."""
+    """The compiled C kernels, one shared library per source/flags/compiler/CPU key:
+    ``home``'s, else $KVCLI_KERNELS_DIR (one build shared by several homes, as the test
+    suite's processes share one), else $KVCLI_HOME's."""
+    env = os.environ.get("KVCLI_KERNELS_DIR")
+    if home is None and env:
+        return Path(env).expanduser()
     return kvcli_home(home) / "kernels"
 
 

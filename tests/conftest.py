@@ -13,6 +13,7 @@ kvcli_home                    -> an empty KVCLI_HOME for this test
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ class TinyModels:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._ggufs[family] = make_tiny_gguf(self[family], path)
         return self._ggufs[family]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_kernel_build_per_session(tmp_path_factory: pytest.TempPathFactory):
+    """Every test, and every kvcli process a test starts, shares one native kernel build: a
+    fresh $KVCLI_HOME per test would otherwise compile the C kernels again (30-40 s on 2 cores)
+    in each of the dozens of tests that start `kvcli` as a process. Tests of the build itself
+    unset it."""
+    old = os.environ.get("KVCLI_KERNELS_DIR")
+    os.environ["KVCLI_KERNELS_DIR"] = str(tmp_path_factory.mktemp("kernels"))
+    yield
+    if old is None:
+        os.environ.pop("KVCLI_KERNELS_DIR", None)
+    else:
+        os.environ["KVCLI_KERNELS_DIR"] = old
 
 
 @pytest.fixture(scope="session")

@@ -96,3 +96,20 @@ def test_isolation_defaults_on_with_a_kvcli_row_only():
     assert BenchConfig(["decode-1"], compare=["hf-generate", "kvcli-fast"]).isolated
     assert not BenchConfig(["decode-1"], compare=["kvcli-fast"], isolate=False).isolated
     assert BenchConfig(["decode-1"], compare=[], isolate=True).isolated
+
+
+def test_each_workload_gets_the_pool_it_needs(tiny_models):
+    """A smaller workload after a bigger one runs on a pool sized for it, not the bigger one
+    kept (its peak RSS would be the earlier workload's); the same workload again reuses it."""
+    from kvcli.bench.systems import pages_needed
+
+    system = load_row(KvcliRow("kvcli", str(tiny_models["llama"]), 256))
+    block = system.base.config.block_size
+    big, small = [list(range(1, 200))] * 4, [[1, 2, 3]]
+    system.prepare(big, 8)
+    assert system._engine.num_blocks == pages_needed(big, 8, block)
+    system.prepare(small, 4)
+    engine = system._engine
+    assert engine.num_blocks == pages_needed(small, 4, block)
+    system.prepare(small, 4)
+    assert system._engine is engine

@@ -63,6 +63,7 @@ def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypa
 
 def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
     monkeypatch.setenv("KVCLI_HOME", str(tmp_path))
+    monkeypatch.delenv("KVCLI_KERNELS_DIR", raising=False)
     native.load_variant.cache_clear()
     try:
         assert native.load() is not None

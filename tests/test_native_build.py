@@ -24,6 +24,7 @@ def _fresh_build_state(monkeypatch):
     """Each test starts as a new process would: no build started, no library collected."""
     monkeypatch.setattr(build, "_started", {})
     monkeypatch.setattr(build, "_collected", set())
+    monkeypatch.delenv("KVCLI_KERNELS_DIR", raising=False)  # the kernels under each test's home
 
 
 def _fake_cc(tmp_path: Path, fail_on: str = "") -> Path:

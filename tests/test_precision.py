@@ -91,6 +91,17 @@ def test_fast_takes_int8_over_bfloat16_without_amx(monkeypatch):
     assert "AMX-BF16" in resolve_precision("fast", None, "cpu", may_quantize=True).reason
 
 
+def test_fast_under_quantization_none_names_it_as_the_reason(monkeypatch):
+    """An AVX2-only CPU (Zen 3) with the integer kernels: fast keeps float32 only because
+    --quantization none forbids int8 weights, and says so (not "no integer kernels")."""
+    with_flags(monkeypatch, {"avx2", "fma", "f16c"})
+    chosen = resolve_precision("fast", None, "cpu")
+    assert chosen.weights == "float32"
+    integer = native.qint_available(native.load())
+    assert ("--quantization none keeps float weights" in chosen.reason) == integer, chosen.reason
+    assert ("no integer kernels" in chosen.reason) != integer
+
+
 def test_explicit_dtype_overrides_the_preset_and_auto_takes_the_checkpoints(monkeypatch):
     with_flags(monkeypatch, BF16_CPU | {"avx512_fp16"})
     custom = resolve_precision("exact", "bfloat16", "cpu")

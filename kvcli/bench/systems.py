@@ -11,6 +11,7 @@ the previous run's cache.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -135,9 +136,13 @@ class KvcliSystem:
         from kvcli.engine.llm_engine import LLMEngine
 
         blocks = pages_needed(prompts, max_new_tokens, self.base.config.block_size)
-        if self._engine is not None and self._engine.num_blocks >= blocks:
+        if self._engine is not None and self._engine.num_blocks == blocks:
             return
-        self._engine = None  # free the old pool before zeroing the new one
+        # Each workload gets the pool it needs, not a bigger one kept from an earlier workload
+        # (its peak RSS is then its own); the old engine's reference cycles hold the old pool,
+        # so it is collected before the new one is zeroed.
+        self._engine = None
+        gc.collect()
         base = self.base
         config = replace(base.config, enable_prefix_caching=self.enable_prefix_caching,
                          num_blocks=blocks)

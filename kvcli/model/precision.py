@@ -159,8 +159,10 @@ def fast_choice(device: str, quantization: str | None = None,
     if _has("bfloat16", _FAST, flags):
         return Precision("fast", "bfloat16", "AVX512_BF16: the native vdpbf16ps kernel, float32 "
                          "sums (faster than float32 at every row count measured)")
+    why = ("--quantization none keeps float weights" if not may_quantize
+           and native.qint_available(native.load()) else "no integer kernels")
     return Precision("fast", "float32", "no native bfloat16 on this CPU (emulated is slower "
-                     "than float32) and no integer kernels")
+                     f"than float32) and {why}")
 
 
 def resolve_precision(preset: str, dtype: str | None, device: str,
