@@ -25,7 +25,8 @@ from kvcli.model.routes import process_routes
 PARTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _best(fn, reps: int) -> float:
+def best_ms(fn, reps: int) -> float:
+    """Best of ``reps`` timed calls of ``fn`` (after one untimed), in ms."""
     fn()
     times = []
     for _ in range(reps):
@@ -57,9 +58,9 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         x = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in mats}
         reps = max(3, 200 // rows)
-        f32 = _best(lambda x=x: [routes.linear(x[d.shape[1]], d) for d in dense], reps)
-        gg = _best(lambda x=x: [w.linear(x[w.shape[1]], None, routes) for w in mats], reps)
-        ints = [_best(lambda x=x, v=v: [w.linear(x[w.shape[1]], None) for w in packed[v]], reps)
+        f32 = best_ms(lambda x=x: [routes.linear(x[d.shape[1]], d) for d in dense], reps)
+        gg = best_ms(lambda x=x: [w.linear(x[w.shape[1]], None, routes) for w in mats], reps)
+        ints = [best_ms(lambda x=x, v=v: [w.linear(x[w.shape[1]], None) for w in packed[v]], reps)
                 for v in variants]
         print(f"{rows:>5} {f32:>9.3f} {gg:>9.3f} " + " ".join(f"{t:>12.3f}" for t in ints))
 

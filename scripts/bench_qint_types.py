@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 from dataclasses import replace
 
 import numpy as np
 import torch
+from bench_qint_layer import best_ms  # the sibling script: scripts/ is on sys.path
 
 from kvcli.model import native
 from kvcli.model.quant.int_weights import INT_TYPES, pack
@@ -37,16 +37,6 @@ def random_weight(kind: int, out_f: int, in_f: int, rng: np.random.Generator) ->
         d = rng.uniform(0.0005, 0.004, blocks.shape[:2]).astype(np.float16)
         blocks[:, :, at : at + 2] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return QuantWeight(kind, torch.from_numpy(blocks.reshape(out_f, -1)), (out_f, in_f))
-
-
-def best_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
 
 
 def layer_ms(weights: list, rows: int, routes=None) -> float:
