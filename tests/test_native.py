@@ -8,7 +8,10 @@ sliding windows and one-token contexts.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,17 +64,39 @@ def test_kernel_equals_reference(heads, kv_heads, dim, window, threads, monkeypa
     assert torch.allclose(got, want, atol=2e-6, rtol=1e-5), (got - want).abs().max()
 
 
+def _home_with_the_session_build(home: Path) -> tuple[Path, Path]:
+    """``home`` holding the session's build (KVCLI_KERNELS_DIR: the key a fresh home's build
+    gets, compiled from nothing when the suite began), and a compiler that logs each call
+    before running cc: what load() then asks of it shows whether it compiled anything."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    assert cc is not None
+    session = native.build.build(cc, native.isa_flags("native"))  # cached: only `cc --version`
+    kernels = home / "kernels"
+    kernels.mkdir(parents=True)
+    shutil.copy2(session, kernels / session.name)
+    logger, log = home / "logging-cc", home / "cc.log"
+    logger.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {cc} "$@"\n')
+    logger.chmod(0o755)
+    return logger, log
+
+
 def test_build_is_cached_and_can_be_switched_off(monkeypatch, tmp_path):
+    """A home whose kernels dir has the key's library loads it and compiles nothing (a fresh
+    home's compile is the session's own, and tests/test_native_build.py's)."""
+    logger, log = _home_with_the_session_build(tmp_path)
     monkeypatch.setenv("KVCLI_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(logger))
     monkeypatch.delenv("KVCLI_KERNELS_DIR", raising=False)
     native.load_variant.cache_clear()
     try:
-        assert native.load() is not None
         built = list((tmp_path / "kernels").glob("kvcli-kernels-*.so"))
-        assert len(built) == 1
         mtime = built[0].stat().st_mtime_ns
+        assert native.load() is not None
+        assert list((tmp_path / "kernels").glob("kvcli-kernels-*.so")) == built
+        assert {c.split()[0] for c in log.read_text().splitlines()} == {"--version"}  # no compile
         native.load_variant.cache_clear()
         assert native.load() is not None and built[0].stat().st_mtime_ns == mtime  # reused
+        monkeypatch.delenv("CC")
         native.load_variant.cache_clear()
         monkeypatch.setenv("KVCLI_NATIVE", "0")
         assert native.load() is None
