@@ -50,6 +50,12 @@ def test_gguf_mode_directory_equals_the_conversion(quant_gguf, kvcli_home):  # n
     assert weights_digest(meta_dir, None) != weights_digest(converted, None)
 
 
+# The family (tied or untied output layer) changes the weights, not the files derived from a
+# GGUF nor how they are keyed, found, redone or reported: the tests of that derivation run one.
+_ONE_FAMILY = pytest.mark.parametrize("quant_gguf", ["llama"], indirect=True)
+
+
+@_ONE_FAMILY
 def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, kvcli_home,  # noqa: F811
                                                                    monkeypatch):
     first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
@@ -67,6 +73,7 @@ def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, k
     assert len(calls) == 1 and gguf_meta.linked_gguf(first) is not None
 
 
+@_ONE_FAMILY
 def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, kvcli_home,  # noqa: F811
                                                              monkeypatch, tmp_path):
     first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
@@ -98,6 +105,7 @@ def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
     return [json.loads(line)["token_ids"] for line in out.read_text().splitlines()]
 
 
+@_ONE_FAMILY
 def test_deriving_runs_in_a_child_whose_errors_are_the_callers(quant_gguf, kvcli_home,  # noqa: F811
                                                                tmp_path, monkeypatch, capsys):
     """The config and tokenizer come from a child process (transformers' parse stays out of
