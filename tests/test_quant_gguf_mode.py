@@ -34,9 +34,29 @@ def _conversions(home: Path) -> list[str]:
     return sorted(p.name for p in models.iterdir()) if models.is_dir() else []
 
 
-def test_gguf_mode_directory_equals_the_conversion(quant_gguf, kvcli_home):  # noqa: F811
-    meta_dir = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
-    assert meta_dir.parent == kvcli_home / "gguf" and _conversions(kvcli_home) == []
+@pytest.fixture(scope="module")
+def derived(quant_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """quant_gguf's gguf-mode directory, derived once (a child process: ~6 s) in a home of its
+    own; a test that needs one to start from copies it into its home (_seed)."""
+    home = tmp_path_factory.mktemp("derived-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVCLI_HOME", str(home))
+        return resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
+
+
+def _seed(derived: Path, home: Path) -> Path:
+    """``home`` as if it had derived ``derived`` itself (the directory's name is the GGUF's key,
+    the same in every home)."""
+    dest = home / "gguf" / derived.name
+    shutil.copytree(derived, dest, symlinks=True)
+    return dest
+
+
+def test_gguf_mode_directory_equals_the_conversion(quant_gguf, derived, kvcli_home):  # noqa: F811
+    home = derived.parent.parent  # the fixture's, where only this derivation ran
+    assert derived.parent == home / "gguf" and _conversions(home) == []
+    meta_dir = _seed(derived, kvcli_home)
+    assert resolve_model(str(quant_gguf), quiet=True, quantization="gguf") == meta_dir
     assert gguf_meta.linked_gguf(meta_dir) == quant_gguf.resolve()
     converted = resolve_model(str(quant_gguf), quiet=True)  # the float32 conversion
     for name in COMPANIONS:
@@ -56,9 +76,9 @@ _ONE_FAMILY = pytest.mark.parametrize("quant_gguf", ["llama"], indirect=True)
 
 
 @_ONE_FAMILY
-def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, kvcli_home,  # noqa: F811
-                                                                   monkeypatch):
-    first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
+def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, derived,  # noqa: F811
+                                                                   kvcli_home, monkeypatch):
+    first = _seed(derived, kvcli_home)  # derived once (the fixture's resolve_model)
     real = gguf_meta._derive
 
     def refuse(*args):
@@ -74,9 +94,9 @@ def test_gguf_mode_derives_once_and_redoes_an_unfinished_directory(quant_gguf, k
 
 
 @_ONE_FAMILY
-def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, kvcli_home,  # noqa: F811
-                                                             monkeypatch, tmp_path):
-    first = resolve_model(str(quant_gguf), quiet=True, quantization="gguf")
+def test_a_copy_of_the_gguf_reuses_its_metadata_by_checksum(quant_gguf, derived,  # noqa: F811
+                                                             kvcli_home, monkeypatch, tmp_path):
+    first = _seed(derived, kvcli_home)
     copy = tmp_path / "elsewhere" / "copy.gguf"
     copy.parent.mkdir()
     shutil.copyfile(quant_gguf, copy)
