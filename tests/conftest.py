@@ -13,12 +13,9 @@ kvcli_home                    -> an empty KVCLI_HOME for this test
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
+import kernel_builds
 import pytest
 from tiny_models import FAMILIES, make_tiny_gguf, make_tiny_model
 
@@ -52,47 +49,16 @@ class TinyModels:
         return self._ggufs[family]
 
 
-_KERNELS_ENV = "KVCLI_KERNELS_DIR"
-_saved_kernels_env: list[str | None] = []
-_started_early: list[bool] = []
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """Every test, and every kvcli process a test starts, shares one native kernel build: a
-    fresh $KVCLI_HOME per test would otherwise compile the C kernels again (30-40 s on 2 cores)
-    in each of the dozens of tests that start `kvcli` as a process. Tests of the build itself
-    unset it.
-
-    A run of whole folders (the suite: no arguments) starts that build now, on a thread
-    (kvcli/model/native/build.py's start): collection (~20 s) is one core's work, so on the
-    machine's other core the compile then costs the run almost nothing; the first test that
-    loads the kernels collects it (library_path). A run of chosen files compiles on first use,
-    as before, so that a one-test run does not pay for a build it may not need."""
-    _saved_kernels_env.append(os.environ.get(_KERNELS_ENV))
-    os.environ[_KERNELS_ENV] = tempfile.mkdtemp(prefix="kvcli-test-kernels-")
-    early = not config.option.collectonly and all(Path(arg.split("::")[0]).is_dir()
+    """One kernel build for the whole session, begun now for a run of whole folders (the
+    suite): tests/kernel_builds.py."""
+    whole = not config.option.collectonly and all(Path(arg.split("::")[0]).is_dir()
                                                   for arg in config.args)
-    _started_early.append(early)
-    if early:
-        from kvcli.model.native import build
-
-        build.start("native")
+    kernel_builds.set_up(whole)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _started_early.pop():
-        from kvcli.model.native import build
-
-        try:  # wait for the build if no test did (a run that ended early): no compiler outlives it
-            build.library_path("native")
-        except (OSError, ValueError, subprocess.SubprocessError):
-            pass  # the tests have reported it; only the directory is left to remove
-    shutil.rmtree(os.environ[_KERNELS_ENV], ignore_errors=True)
-    old = _saved_kernels_env.pop()
-    if old is None:
-        os.environ.pop(_KERNELS_ENV, None)
-    else:
-        os.environ[_KERNELS_ENV] = old
+    kernel_builds.tear_down()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from kvcli.model.attention.native_cpu import NativeCPUBackend
 from kvcli.model.attention.native_int8 import INT8_STORAGE, NativeInt8Backend
 from kvcli.model.attention.softcap import SoftcapBackend
 from kvcli.model.attention.torch_sdpa import TorchSDPABackend
-from kvcli.model.platform import Platform, detect_platform
+from kvcli.model.platform import Platform
 from kvcli.model.routes import select_routes
 from kvcli.sampling_params import SamplingParams
 
@@ -91,22 +91,6 @@ def test_gemma2_runs_the_softcap_backend_and_reports_it(tiny_models) -> None:
     engine = LLM(str(tiny_models["gemma2"])).engine
     assert type(engine.model.attention_backend) is SoftcapBackend
     assert engine.runner.backend.describe()["decode_attention"] == SoftcapBackend.decode
-
-
-@needs_native
-def test_cpu_flags_choose_the_kernel_variant(monkeypatch) -> None:
-    """KVCLI_NATIVE_ISA builds the kernels for a variant the CPU's flags must allow."""
-    if "avx2" not in native._cpu_flags().split():
-        pytest.skip("not an AVX2 CPU")
-    monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
-    assert detect_platform("cpu", torch.float32).isa == "avx2+fma"
-    monkeypatch.setattr(native.build, "cpu_flags", lambda: "flags : sse2")  # what isa_flags reads
-    native.load_variant.cache_clear()  # the variant is built (and its flags checked) once
-    try:
-        with pytest.raises(ValueError, match="this CPU lacks avx2"):
-            detect_platform("cpu", torch.float32)
-    finally:
-        native.load_variant.cache_clear()
 
 
 @pytest.mark.parametrize(("vendor", "want"), [("AuthenticAMD", "onednn"), ("GenuineIntel", "mkl")])

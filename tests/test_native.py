@@ -18,6 +18,7 @@ import torch
 from native_variants import native_lib  # noqa: F401 - fixture
 
 from kvcli.model import native
+from kvcli.model.platform import detect_platform
 
 lib = native.load()
 pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler: the torch path is used")
@@ -178,3 +179,20 @@ def test_isa_override_is_built_apart_and_reported(monkeypatch):
     assert kernel_isa(native.load_variant("native")) == "avx512"
     monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
     assert native.load() is native.load_variant("avx2") is not native.load_variant("native")
+
+
+def test_cpu_flags_choose_the_kernel_variant(monkeypatch) -> None:
+    """KVCLI_NATIVE_ISA builds the kernels for a variant the CPU's flags must allow. (Here, late
+    in the suite, rather than with the selector's tests: a whole-suite run compiles the AVX2
+    variant in the time its tests leave idle, tests/kernel_builds.py.)"""
+    if "avx2" not in native._cpu_flags().split():
+        pytest.skip("not an AVX2 CPU")
+    monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")
+    assert detect_platform("cpu", torch.float32).isa == "avx2+fma"
+    monkeypatch.setattr(native.build, "cpu_flags", lambda: "flags : sse2")  # what isa_flags reads
+    native.load_variant.cache_clear()  # the variant is built (and its flags checked) once
+    try:
+        with pytest.raises(ValueError, match="this CPU lacks avx2"):
+            detect_platform("cpu", torch.float32)
+    finally:
+        native.load_variant.cache_clear()
