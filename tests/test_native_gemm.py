@@ -1,4 +1,5 @@
-"""The native few-row matmul (native/gemm.c) and the worker pool every native kernel runs on.
+"""The native few-row matmuls (native/gemm.c, native/gemm_nt.c) and the worker pool every native
+kernel runs on.
 
 The kernel is checked against float64 for row counts across its register tiles (1..70 rows:
 whole tiles, the last partial tile), column counts that leave a remainder past the last
@@ -51,8 +52,30 @@ def test_linear_routes_decode_rows_to_the_kernel(monkeypatch):
         x = torch.randn(rows, 96)
         torch.testing.assert_close(layers.linear(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
     assert calls == [2, 5, 32, 64]
-    layers.linear(torch.randn(8, 96), w.t().contiguous().t().contiguous())  # [out, in] storage
-    assert calls == [2, 5, 32, 64]  # not the layout the kernel reads: torch
+    nt_calls = []
+    real_nt = native.gemm_nt
+    monkeypatch.setattr(native, "gemm_nt", lambda *a: nt_calls.append(a[1].shape[0]) or real_nt(*a))
+    out_in = w.contiguous()  # [out, in] storage: a tied embedding as the LM head
+    for rows in (1, 8, 64, 65):
+        x = torch.randn(rows, 96)
+        torch.testing.assert_close(layers.linear(x, out_in), x @ w.t(), atol=1e-5, rtol=1e-5)
+    assert calls == [2, 5, 32, 64] and nt_calls == [8, 64]  # 1 row: NumPy; 65: torch
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 70])
+@pytest.mark.parametrize("shape", [(576, 1000), (200, 7), (37, 9), (8, 1)])  # (in, out)
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_gemm_nt_equals_float64(rows, shape, threads, monkeypatch, native_lib):  # noqa: F811
+    """x @ W^T on an [out, in] W: every row tile (3 rows, then 2 or 1), every column tile (4
+    rows of W, then single ones), k tails past the last vector (in 200, 37) and no whole vector
+    (in 8 on AVX-512), on 1, 2 and more threads than W has tiles."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(rows * 5 + shape[1])
+    in_f, out_f = shape
+    x, w = torch.randn(rows, in_f), torch.randn(out_f, in_f) / in_f**0.5
+    got = native.gemm_nt(native_lib, x, w)
+    assert got.shape == (rows, out_f)
+    assert torch.allclose(got, reference(x, w.t(), None), atol=2e-5, rtol=1e-4)
 
 
 def test_pool_serves_concurrent_callers(monkeypatch):

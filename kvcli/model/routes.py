@@ -6,8 +6,9 @@ its :meth:`KernelRoutes.describe`. Per call only what depends on the call is lef
 row count, and whether the tensor is one the kernels take (CPU, float32, contiguous).
 
 CPU float32 matmuls route by row count: up to ``numpy_max_rows`` through NumPy's OpenBLAS, up to
-``native_gemm_max_rows`` through kvcli's own kernel (native/gemm.c), the rest through the large
-GEMM library (large_gemm.py: MKL or oneDNN). Measured in place (whole decode steps of
+``native_gemm_max_rows`` through kvcli's own kernels (native/gemm.c on an ``[in, out]`` buffer,
+native/gemm_nt.c on an ``[out, in]`` one: a tied embedding as the LM head), the rest through the
+large GEMM library (large_gemm.py: MKL or oneDNN). Measured in place (whole decode steps of
 SmolLM2-135M, 2 cores, Xeon with AVX-512; ms per step, docs/BENCHMARKS.md): 2 rows 52.7 native /
 67.6 torch / 107.7 OpenBLAS; 4 rows 57 / 80 / 107-114; 32 rows 116-124 / 129-136 (torch). One
 row: 20 ms OpenBLAS vs 34 torch on an AMD EPYC; 1,024 rows 723 torch vs 772 OpenBLAS. The pools
@@ -86,9 +87,12 @@ class KernelRoutes:
                 y += bias
             return y
         in_out = weight.t()
-        if (self.native is not None and rows <= self.native_gemm_max_rows
-                and in_out.is_contiguous() and x.is_contiguous()):
-            return native.gemm(self.native, x, in_out, bias)
+        if self.native is not None and rows <= self.native_gemm_max_rows and x.is_contiguous():
+            if in_out.is_contiguous():
+                return native.gemm(self.native, x, in_out, bias)
+            if weight.is_contiguous():  # [out, in]: a tied embedding as the LM head
+                y = native.gemm_nt(self.native, x, weight)
+                return y if bias is None else y.add_(bias)
         return self.large_linear(x, weight, bias)
 
     def large_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None

@@ -62,10 +62,11 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 3]
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
+    lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
-    for name in ("kvcli_gemm", "kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
+    for name in ("kvcli_gemm", "kvcli_gemm_nt", "kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
         getattr(lib, name).restype = None
     # Quantized weights (qgemm.c; called from kvcli/model/quant/weights.py).
     lib.kvcli_qgemm.argtypes = [I64, F32P, F32P, F32P, F32P, F32P, *[I64] * 4]
@@ -218,6 +219,16 @@ def gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,
     lib.kvcli_gemm(x.data_ptr(), weight_in_out.data_ptr(),
                    None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
                    rows, out_features, in_features, num_threads())
+    return y
+
+
+def gemm_nt(lib: ctypes.CDLL, x: torch.Tensor, weight_out_in: torch.Tensor) -> torch.Tensor:
+    """``x @ weight_out_in.T`` for a contiguous 2-D float32 ``x`` and a contiguous ``[out, in]``
+    weight (a tied embedding as the language-model head)."""
+    rows, (out_features, in_features) = x.shape[0], weight_out_in.shape
+    y = x.new_empty((rows, out_features))
+    lib.kvcli_gemm_nt(x.data_ptr(), weight_out_in.data_ptr(), y.data_ptr(), rows, out_features,
+                      in_features, num_threads())
     return y
 
 

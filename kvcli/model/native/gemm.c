@@ -5,11 +5,14 @@
  * multiply-adds; torch's MKL path (which packs W per call) reached ~110 GFLOP/s in a decode step
  * here. This kernel splits the columns across the worker pool, each thread's into blocks of
  * CB columns, and walks K in panels of KB rows: each panel (KB x CB, 64 KB) is multiplied out
- * of L2 in register tiles of MR rows x NR columns, while the next panel is prefetched line by
- * line in memory order, so the weights stream sequentially under the arithmetic. (Panels as
- * wide as the thread's columns put the gate/up matmul's 1,536 columns of partial sums and
- * panel past L2: 10-25% slower at 32-64 rows, Zen 4.) The sums run over k in order, as BLAS
- * does; results differ from torch's in the last bits.
+ * of L1/L2 in register tiles of MR rows x NR columns, while the next panel is prefetched in
+ * memory order, so the weights stream sequentially under the arithmetic. Past two row tiles
+ * the panel is first packed tile by tile (pack_panel: W's rows are N floats apart, which for
+ * N = 3,072 put a tile's rows in one L1 set); at 32-64 rows that took 0.57-0.73x the time of
+ * multiplying W in place (Zen 3). (Panels as wide as the thread's columns put the gate/up
+ * matmul's 1,536 columns of partial sums and panel past L2: 10-25% slower at 32-64 rows,
+ * Zen 4.) The sums run over k in order, as BLAS does; results differ from torch's in the
+ * last bits.
  */
 #include <stdint.h>
 #include <string.h>
@@ -50,7 +53,7 @@ typedef struct {
     int64_t col, c0, c1, rows_left, ldw, step, count;
 } prefetcher;
 
-static inline void prefetch_next(prefetcher *p) {
+static inline __attribute__((always_inline)) void prefetch_next(prefetcher *p) {
     if (p->rows_left <= 0 || ++p->count < p->step) return;
     p->count = 0;
     __builtin_prefetch(p->row + p->col, 0, 1); /* into L2: the panel is multiplied out of L2 */
@@ -62,9 +65,40 @@ static inline void prefetch_next(prefetcher *p) {
     }
 }
 
-/* Rows [i, i + mr) x columns [j, j + NR), k in [k0, k0 + kb): starts from the bias (first
- * panel) or the partial sums in y. mr is a constant in every call, so the loops unroll. */
-static inline __attribute__((always_inline)) void tile(const gemm_args *a, int64_t i, int64_t j,
+/* `n` of the next panel's lines at once, between tiles. */
+static void prefetch_lines(prefetcher *p, int64_t n) {
+    for (; n > 0 && p->rows_left > 0; n--) {
+        p->count = p->step;
+        prefetch_next(p);
+    }
+}
+
+/* One tile's kb x NR weights are NR floats a row, contiguous; tiles are PANEL_LD floats apart
+ * (a line more than kb x NR, so the tiles' rows do not all fall in one L1 set). */
+#define PANEL_LD (KB * NR + 16)
+#define PACK_TILES 2 /* row tiles up to which W is read in place */
+
+/* Copies W's rows [k0, k0 + kb) x columns [b0, b1) into `panel`, tile by tile. In W the rows
+ * of a tile are N floats apart: for N a multiple of 1,024 (the gate/up matmul's 3,072) every
+ * one of them falls in one L1 set and the tile loop missed L1 on each k; here they are
+ * contiguous, read in order. Reads W row by row (sequential lines, as memory streams best). */
+static void pack_panel(const gemm_args *a, float *panel, int64_t b0, int64_t b1, int64_t k0,
+                       int64_t kb) {
+    for (int64_t k = 0; k < kb; k++) {
+        const float *src = a->w + (k0 + k) * a->N + b0;
+        float *dst = panel + k * NR;
+        for (int64_t j = 0; j < b1 - b0; j += NR, dst += PANEL_LD) {
+            storeu(dst, loadu(src + j));
+            storeu(dst + VW, loadu(src + j + VW));
+        }
+    }
+}
+
+/* Rows [i, i + mr) x columns [j, j + NR), k in [k0, k0 + kb) of the weights at `w`, whose
+ * rows are `ldw` floats apart (NR packed, N in W): starts from the bias (first panel) or the
+ * partial sums in y. mr is a constant in every call, so the loops unroll. */
+static inline __attribute__((always_inline)) void tile(const gemm_args *a, const float *w,
+                                                       int64_t ldw, int64_t i, int64_t j,
                                                        const int mr, int64_t k0, int64_t kb,
                                                        prefetcher *pf) {
     vec acc[MR][2];
@@ -73,9 +107,10 @@ static inline __attribute__((always_inline)) void tile(const gemm_args *a, int64
         for (int v = 0; v < 2; v++)
             acc[r][v] = k0 ? loadu(y + r * a->N + v * VW)
                            : a->bias ? loadu(a->bias + j + v * VW) : (vec){0};
-    const float *x = a->x + i * a->K + k0, *w = a->w + k0 * a->N + j;
-    for (int64_t k = 0; k < kb; k++, w += a->N) {
-        prefetch_next(pf);
+    const float *x = a->x + i * a->K + k0;
+    prefetcher p = *pf; /* a local: its counter stays in a register, not a store per k */
+    for (int64_t k = 0; k < kb; k++, w += ldw) {
+        prefetch_next(&p);
         const vec b0 = loadu(w), b1 = loadu(w + VW);
         for (int r = 0; r < mr; r++) {
             const float s = x[r * a->K + k];
@@ -85,20 +120,31 @@ static inline __attribute__((always_inline)) void tile(const gemm_args *a, int64
     }
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < 2; v++) storeu(y + r * a->N + v * VW, acc[r][v]);
+    *pf = p;
 }
 
-static void column_tile(const gemm_args *a, int64_t j, int64_t k0, int64_t kb, prefetcher *pf) {
+/* The next panel is prefetched `burst` lines before each tile, or (burst 0) a line every
+ * pf->step iterations of the k loops. With W in place the k loops' own lines stream from
+ * memory and the prefetches must be spread among them; over a packed panel bursts were faster
+ * (0.5-0.6x the time of spread ones at 32-64 rows, Zen 3). */
+static void column_tile(const gemm_args *a, const float *w, int64_t ldw, int64_t j, int64_t k0,
+                        int64_t kb, prefetcher *pf, int64_t burst) {
+    prefetcher quiet = {0}, *each_k = burst ? &quiet : pf;
     int64_t i = 0;
-    for (; i + MR <= a->M; i += MR) tile(a, i, j, MR, k0, kb, pf);
+    for (; i + MR <= a->M; i += MR) {
+        prefetch_lines(pf, burst);
+        tile(a, w, ldw, i, j, MR, k0, kb, each_k);
+    }
+    prefetch_lines(pf, burst);
     switch (a->M - i) { /* the last rows */
-    case 1: tile(a, i, j, 1, k0, kb, pf); break;
-    case 2: tile(a, i, j, 2, k0, kb, pf); break;
-    case 3: tile(a, i, j, 3, k0, kb, pf); break;
-    case 4: tile(a, i, j, 4, k0, kb, pf); break;
-    case 5: tile(a, i, j, 5, k0, kb, pf); break;
+    case 1: tile(a, w, ldw, i, j, 1, k0, kb, each_k); break;
+    case 2: tile(a, w, ldw, i, j, 2, k0, kb, each_k); break;
+    case 3: tile(a, w, ldw, i, j, 3, k0, kb, each_k); break;
+    case 4: tile(a, w, ldw, i, j, 4, k0, kb, each_k); break;
+    case 5: tile(a, w, ldw, i, j, 5, k0, kb, each_k); break;
 #if MR > 6
-    case 6: tile(a, i, j, 6, k0, kb, pf); break;
-    case 7: tile(a, i, j, 7, k0, kb, pf); break;
+    case 6: tile(a, w, ldw, i, j, 6, k0, kb, each_k); break;
+    case 7: tile(a, w, ldw, i, j, 7, k0, kb, each_k); break;
 #endif
     default: break;
     }
@@ -114,31 +160,41 @@ static void column_rest(const gemm_args *a, int64_t j0) {
         }
 }
 
-/* Columns [b0, b1) of one thread, k panel by k panel: the block's partial sums (M x CB) and
- * its panel (KB x CB) stay in L2 while the next panel (the next block's first one after the
- * last) is prefetched. Each output still sums over k in order from its bias, so the
- * blocking changes no result bit. */
-static void column_block(const gemm_args *a, int64_t b0, int64_t b1, int64_t next_b1) {
-    const int64_t row_tiles = (a->M + MR - 1) / MR;
+/* Columns [b0, b1) of one thread, k panel by k panel (KB x CB, 64 KB): the panel is packed
+ * when more than PACK_TILES row tiles read it (at 2 x 6 rows the copy cost more than its
+ * misses: 1.13x the time of W in place, at 16 rows 0.77x, Zen 3), then multiplied out of
+ * L1/L2 by every row tile while the next panel (the next block's first one after the last)
+ * is prefetched under the arithmetic. The block's partial sums (M x CB) stay in L2. Each output
+ * still sums over k in order from its bias, so neither the blocking nor the packing changes
+ * a bit. */
+static void column_block(const gemm_args *a, float *panel, int64_t b0, int64_t b1,
+                         int64_t next_b1) {
+    const int64_t row_tiles = (a->M + MR - 1) / MR, tiles = (b1 - b0) / NR;
     for (int64_t k0 = 0; k0 < a->K; k0 += KB) {
         const int64_t kb = a->K - k0 < KB ? a->K - k0 : KB;
         int64_t next = k0 + kb, p0 = b0, p1 = b1;
         if (next >= a->K) next = 0, p0 = b1, p1 = next_b1; /* the next block's first panel */
         const int64_t next_rows = p1 > p0 ? (a->K - next < KB ? a->K - next : KB) : 0;
-        const int64_t iters = (b1 - b0) / NR * row_tiles * kb;
-        const int64_t lines = next_rows * ((p1 - p0 + 15) / 16);
+        const int64_t calls = tiles * row_tiles, lines = next_rows * ((p1 - p0 + 15) / 16);
         prefetcher pf = {a->w + next * a->N, p0, p0, p1, next_rows, a->N,
-                         lines > 0 && iters > lines ? iters / lines : 1, 0};
-        for (int64_t j = b0; j < b1; j += NR) column_tile(a, j, k0, kb, &pf);
+                         lines > 0 && calls * kb > lines ? calls * kb / lines : 1, 0};
+        const int packed = row_tiles > PACK_TILES;
+        if (packed) pack_panel(a, panel, b0, b1, k0, kb);
+        for (int64_t t = 0; t < tiles; t++) {
+            const float *w = packed ? panel + t * PANEL_LD : a->w + k0 * a->N + b0 + t * NR;
+            column_tile(a, w, packed ? NR : a->N, b0 + t * NR, k0, kb, &pf,
+                        packed ? (lines + calls - 1) / calls : 0);
+        }
     }
 }
 
 static void gemm_part(const void *args, int64_t t, int64_t n) {
     const gemm_args *a = (const gemm_args *)args;
     const int64_t tiles_n = a->N / NR, c0 = tiles_n * t / n * NR, c1 = tiles_n * (t + 1) / n * NR;
+    float panel[CB / NR * PANEL_LD] __attribute__((aligned(64)));
     for (int64_t b0 = c0; b0 < c1; b0 += CB) {
         const int64_t b1 = b0 + CB < c1 ? b0 + CB : c1;
-        column_block(a, b0, b1, b1 + CB < c1 ? b1 + CB : c1);
+        column_block(a, panel, b0, b1, b1 + CB < c1 ? b1 + CB : c1);
     }
     if (t == n - 1 && tiles_n * NR < a->N) column_rest(a, tiles_n * NR);
 }
