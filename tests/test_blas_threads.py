@@ -65,10 +65,27 @@ def test_a_users_thread_count_wins(monkeypatch) -> None:
     assert AdaptiveThreads.create([np.zeros((4, 4), np.float32)]) is None
 
 
+def test_a_new_engine_adapts_from_the_processs_full_count() -> None:
+    """An engine that ended on 1 thread (contention) leaves OpenBLAS at 1 process-wide; the
+    next engine's tuner starts from the count the process started with, not from that 1."""
+    blas = BlasThreads.find()
+    if blas is None or blas.full < 2:
+        pytest.skip("NumPy's OpenBLAS not found, or one thread only")
+    weights = [np.random.default_rng(2).standard_normal((576, 960), dtype=np.float32)]
+    try:
+        blas.set(1)  # what an earlier engine's last choice leaves behind
+        tuner = AdaptiveThreads.create(weights)
+        assert tuner is not None and tuner.choices == (blas.full, 1)
+        assert BlasThreads.find().count == blas.full
+    finally:
+        blas.set(blas.full)
+
+
 def test_adapts_only_where_the_count_changes_no_bit() -> None:
     blas = BlasThreads.find()
-    if blas is None or blas.count < 2:
+    if blas is None or blas.full < 2:
         pytest.skip("NumPy's OpenBLAS not found, or one thread only")
+    blas.set(blas.full)  # a decode earlier in this process may have left it at 1
     rng = np.random.default_rng(1)
     assert thread_invariant(blas, [rng.standard_normal((576, 960), dtype=np.float32)], 1)
     # 500 columns per thread: the tail takes another summation path (measured, OpenBLAS 0.3.31)

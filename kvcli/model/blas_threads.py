@@ -42,7 +42,7 @@ SWITCH_GAIN = 0.9  # the probe must be 10% faster to take over (step times jitte
 
 @cache
 def _openblas() -> tuple[ctypes.CDLL, str] | None:
-    """NumPy's OpenBLAS (already loaded) and its symbol suffix, or None where not found."""
+    """NumPy's OpenBLAS (already loaded) and its symbol pattern, or None where not found."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower()
@@ -57,10 +57,19 @@ def _openblas() -> tuple[ctypes.CDLL, str] | None:
     return None
 
 
+@cache
+def _count_at_start(lib: ctypes.CDLL, pattern: str) -> int:
+    """The thread count the process had when it first looked (OpenBLAS's own choice, from the
+    cores): the count is process-wide, so an engine that ended on 1 thread under contention
+    would otherwise leave every later engine of the process reading 1 and never adapting."""
+    return int(getattr(lib, pattern % "get")())
+
+
 class BlasThreads:
     """Get and set NumPy's OpenBLAS thread count."""
 
     def __init__(self, lib: ctypes.CDLL, pattern: str) -> None:
+        self.full = _count_at_start(lib, pattern)
         self._set = getattr(lib, pattern % "set")
         self._set.argtypes = [ctypes.c_int]
         self._get = getattr(lib, pattern % "get")
@@ -97,9 +106,12 @@ class AdaptiveThreads:
         if os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("KVCLI_ADAPTIVE_BLAS") == "0":
             return None
         blas = BlasThreads.find()
-        if blas is None or blas.count < 2 or not thread_invariant(blas, weights, 1):
+        if blas is None or blas.full < 2:
             return None
-        return cls(blas, (blas.count, 1))
+        blas.set(blas.full)  # an earlier engine of this process may have left it at 1
+        if not thread_invariant(blas, weights, 1):
+            return None
+        return cls(blas, (blas.full, 1))
 
     def begin(self) -> None:
         current, other = self.choices
