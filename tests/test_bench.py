@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from tiny_models import make_tiny_model
 
 from kvcli.bench.measure import RssTracker, percentile
+from kvcli.bench.report import format_table
 from kvcli.bench.runner import TimedRun, run_workload, system_entry
 from kvcli.bench.systems import RunResult
 from kvcli.bench.workloads import DEFAULT_NEW_TOKENS, WORKLOAD_NAMES, Workload, build_workload
@@ -143,6 +144,9 @@ def test_run_workload_alternates_and_computes_speedups():
     kv, hf = doc["systems"]
     assert doc["speedup"]["hf-generate"] > 0 and set(doc["speedup"]) == {"hf-generate"}
     assert hf["outputs_match"] is True and hf["generated_tokens"] == 6
+    assert doc["float32_gflops_start"] > 0 and doc["float32_gflops_end"] > 0  # machine speed
+    machine = {"processor": "x", "cpu_count": 2, "threads": 2, "torch": "t", "transformers": "t"}
+    assert "float32 GEMM" in format_table({**doc, "machine": machine, "model": "m"})
 
 
 def test_percentile_and_rss_tracker():

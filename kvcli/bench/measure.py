@@ -62,6 +62,26 @@ def load_average() -> list[float] | None:
         return None
 
 
+def float32_gflops() -> float:
+    """The machine's float32 speed now: GFLOP/s of one fixed torch matmul (1,024 x 576 by
+    576 x 1,536, best of 5, ~0.1 s). A VM's host moved it 1.5x within an hour with nothing else
+    running (docs/BENCHMARKS.md, 2026-12-03), so each workload records it at its start and end
+    beside the load: ratios between systems of one run hold; seconds across runs only at equal
+    speed."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(1024, 576), torch.randn(576, 1536)
+    a @ b  # wakes the threads
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return round(2 * 1024 * 576 * 1536 / best / 1e9, 1)
+
+
 def cpu_kind() -> str:
     """Family/model and vector ISA, e.g. "family 26 model 2, avx512": "AMD EPYC" alone names
     Zen 3 (AVX2) and Zen 5 (AVX-512) machines alike, and the kernels differ between them."""

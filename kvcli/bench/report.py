@@ -28,6 +28,14 @@ def documents(report: dict[str, Any]) -> list[dict[str, Any]]:
     return report["runs"] if "runs" in report else [report]
 
 
+
+def _speed(doc: dict) -> str:
+    """The machine's float32 speed over the workload (absent from older documents)."""
+    if "float32_gflops_start" not in doc:
+        return ""
+    return (f"float32 GEMM {doc['float32_gflops_start']} -> {doc['float32_gflops_end']} "
+            "GFLOP/s, ")
+
 def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
     value = entry.get(key)
     return "-" if value is None else fmt.format(value)
@@ -82,6 +90,7 @@ def format_table(doc: dict[str, Any]) -> str:
     foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
                 f"{machine['cpu_count']} CPUs, {machine['threads']} torch threads, "
                 f"load avg {doc['load_avg_start']} -> {doc['load_avg_end']}, "
+                f"{_speed(doc)}"
                 f"torch {machine['torch']}, transformers {machine['transformers']}")
     return "\n".join([head, *lines, *foot])
 

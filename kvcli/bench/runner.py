@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvcli.bench.measure import RssTracker, latency_summary, load_average
+from kvcli.bench.measure import RssTracker, float32_gflops, latency_summary, load_average
 from kvcli.bench.systems import KVCLI, BenchSystem, RunResult
 from kvcli.bench.workloads import BenchConfigError, Workload
 
@@ -61,7 +61,7 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
     """Time every system `repeat` times on `workload`; the report's workload section."""
     if systems[0].name != KVCLI:
         raise ValueError("systems: kvcli must come first (it is the reference)")
-    load_start = load_average()
+    load_start, speed_start = load_average(), float32_gflops()
     for system in systems:  # per-workload allocations that the peers make at load (untimed)
         prepare = getattr(system, "prepare", None)
         if prepare is not None:
@@ -99,6 +99,9 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
         "repeat": repeat,
         "load_avg_start": load_start,
         "load_avg_end": load_average(),
+        # The machine's own speed (measure.float32_gflops) at the start and the end.
+        "float32_gflops_start": speed_start,
+        "float32_gflops_end": float32_gflops(),
         "systems": entries,
         # Ratios of unrounded walls from this same run: > 1 means kvcli was faster.
         "speedup": {p: round(best[p] / best[KVCLI], 3) for p in peers},
