@@ -15,31 +15,20 @@
  * last bits.
  */
 #include <stdint.h>
-#include <string.h>
 
+#include "f32_vec.h"
 #include "pool.h"
 
 #if defined(__AVX512F__)
-#define VW 16 /* floats per vector register */
-#define MR 8  /* rows per tile: MR x 2 accumulators + 2 weight vectors fit 32 registers */
+#define MR 8 /* rows per tile: MR x 2 accumulators + 2 weight vectors fit 32 registers */
 #else
-#define VW 8
-#define MR 6  /* 12 accumulators + 2 + 1 fit AVX2's 16 registers */
+#define MR 6 /* 12 accumulators + 2 + 1 fit AVX2's 16 registers */
 #endif
 #define NR (2 * VW) /* columns per tile */
 #define KB 64       /* rows of W per panel */
 #ifndef CB
 #define CB 256 /* columns per block: its M x CB sums and KB x CB panel stay in L2 */
 #endif
-
-typedef float vec __attribute__((vector_size(VW * 4)));
-
-static inline vec loadu(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void storeu(float *p, vec v) { memcpy(p, &v, sizeof v); }
 
 typedef struct {
     const float *x, *w, *bias;
@@ -53,9 +42,7 @@ typedef struct {
     int64_t col, c0, c1, rows_left, ldw, step, count;
 } prefetcher;
 
-static inline __attribute__((always_inline)) void prefetch_next(prefetcher *p) {
-    if (p->rows_left <= 0 || ++p->count < p->step) return;
-    p->count = 0;
+static inline __attribute__((always_inline)) void prefetch_line(prefetcher *p) {
     __builtin_prefetch(p->row + p->col, 0, 1); /* into L2: the panel is multiplied out of L2 */
     p->col += 16; /* floats per 64-byte line */
     if (p->col >= p->c1) {
@@ -65,12 +52,16 @@ static inline __attribute__((always_inline)) void prefetch_next(prefetcher *p) {
     }
 }
 
-/* `n` of the next panel's lines at once, between tiles. */
+/* One line every `step` calls (from the k loops). */
+static inline __attribute__((always_inline)) void prefetch_next(prefetcher *p) {
+    if (p->rows_left <= 0 || ++p->count < p->step) return;
+    p->count = 0;
+    prefetch_line(p);
+}
+
+/* `n` lines at once (between tiles). */
 static void prefetch_lines(prefetcher *p, int64_t n) {
-    for (; n > 0 && p->rows_left > 0; n--) {
-        p->count = p->step;
-        prefetch_next(p);
-    }
+    for (; n > 0 && p->rows_left > 0; n--) prefetch_line(p);
 }
 
 /* One tile's kb x NR weights are NR floats a row, contiguous; tiles are PANEL_LD floats apart

@@ -11,25 +11,12 @@
  * lanes of VW, so results differ from BLAS's in the last bits.
  */
 #include <stdint.h>
-#include <string.h>
 
+#include "f32_vec.h"
 #include "pool.h"
 
-#if defined(__AVX512F__)
-#define VW 16
-#else
-#define VW 8
-#endif
 #define MR 3 /* rows of x per tile */
 #define NT 4 /* rows of W per tile: MR x NT accumulators + NT + 1 fit AVX2's 16 registers */
-
-typedef float vec __attribute__((vector_size(VW * 4)));
-
-static inline vec loadu(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 static inline float lanes(vec v) {
     float s = 0.0f;
