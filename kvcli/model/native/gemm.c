@@ -6,10 +6,10 @@
  * here. This kernel splits the columns across the worker pool, each thread's into blocks of
  * CB columns, and walks K in panels of KB rows: each panel (KB x CB, 64 KB) is multiplied out
  * of L1/L2 in register tiles of MR rows x NR columns, while the next panel is prefetched in
- * memory order, so the weights stream sequentially under the arithmetic. Past two row tiles
- * the panel is first packed tile by tile (pack_panel: W's rows are N floats apart, which for
- * N = 3,072 put a tile's rows in one L1 set); at 32-64 rows that took 0.57-0.73x the time of
- * multiplying W in place (Zen 3). (Panels as wide as the thread's columns put the gate/up
+ * memory order, so the weights stream sequentially under the arithmetic. With AVX2, past two
+ * row tiles the panel is first packed tile by tile (pack_panel: W's rows are N floats apart,
+ * which for N = 3,072 put a tile's rows in one L1 set); at 32-64 rows that took 0.57-0.73x the
+ * time of multiplying W in place (Zen 3; not on Zen 4's AVX-512, see MR). (Panels as wide as the thread's columns put the gate/up
  * matmul's 1,536 columns of partial sums and panel past L2: 10-25% slower at 32-64 rows,
  * Zen 4.) The sums run over k in order, as BLAS does; results differ from torch's in the
  * last bits.
@@ -21,8 +21,16 @@
 
 #if defined(__AVX512F__)
 #define MR 8 /* rows per tile: MR x 2 accumulators + 2 weight vectors fit 32 registers */
+/* On Zen 4 (AVX-512) W is read in place at every row count and the k loop advances the
+ * prefetcher through its pointer: packing took 1.09-1.17x and a local prefetcher 1.13-1.18x
+ * the time at 16-64 rows (scripts/bench_gemm_builds.py, 2026-12-03), where on Zen 3 (AVX2)
+ * both were gains. Each ISA keeps what was measured faster on it. */
+#define PACK_TILES INT64_MAX
+#define LOCAL_PREFETCHER 0
 #else
 #define MR 6 /* 12 accumulators + 2 + 1 fit AVX2's 16 registers */
+#define PACK_TILES 2 /* row tiles up to which W is read in place */
+#define LOCAL_PREFETCHER 1
 #endif
 #define NR (2 * VW) /* columns per tile */
 #define KB 64       /* rows of W per panel */
@@ -67,7 +75,6 @@ static void prefetch_lines(prefetcher *p, int64_t n) {
 /* One tile's kb x NR weights are NR floats a row, contiguous; tiles are PANEL_LD floats apart
  * (a line more than kb x NR, so the tiles' rows do not all fall in one L1 set). */
 #define PANEL_LD (KB * NR + 16)
-#define PACK_TILES 2 /* row tiles up to which W is read in place */
 
 /* Copies W's rows [k0, k0 + kb) x columns [b0, b1) into `panel`, tile by tile. In W the rows
  * of a tile are N floats apart: for N a multiple of 1,024 (the gate/up matmul's 3,072) every
@@ -99,9 +106,13 @@ static inline __attribute__((always_inline)) void tile(const gemm_args *a, const
             acc[r][v] = k0 ? loadu(y + r * a->N + v * VW)
                            : a->bias ? loadu(a->bias + j + v * VW) : (vec){0};
     const float *x = a->x + i * a->K + k0;
-    prefetcher p = *pf; /* a local: its counter stays in a register, not a store per k */
+#if LOCAL_PREFETCHER
+    prefetcher p = *pf, *pp = &p; /* a local: its counter stays in a register (Zen 3) */
+#else
+    prefetcher *pp = pf;
+#endif
     for (int64_t k = 0; k < kb; k++, w += ldw) {
-        prefetch_next(&p);
+        prefetch_next(pp);
         const vec b0 = loadu(w), b1 = loadu(w + VW);
         for (int r = 0; r < mr; r++) {
             const float s = x[r * a->K + k];
@@ -111,7 +122,9 @@ static inline __attribute__((always_inline)) void tile(const gemm_args *a, const
     }
     for (int r = 0; r < mr; r++)
         for (int v = 0; v < 2; v++) storeu(y + r * a->N + v * VW, acc[r][v]);
+#if LOCAL_PREFETCHER
     *pf = p;
+#endif
 }
 
 /* The next panel is prefetched `burst` lines before each tile, or (burst 0) a line every
