@@ -55,7 +55,8 @@ def test_quantize_matches_its_formula(native_lib):  # noqa: F811
     assert back[0, 5, 1].eq(0.75).all()
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 128), (4, 4, 32)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 128), (4, 4, 32),
+                                                    (6, 2, 24)])  # 24: AVX-512's plain C path
 @pytest.mark.parametrize("window", [None, 21])
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, window, threads,
