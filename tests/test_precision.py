@@ -206,3 +206,24 @@ def test_the_engine_options_choices_are_the_precision_modules():
     assert config.DTYPE_CHOICES == precision.DTYPE_CHOICES
     assert config.PRECISIONS == precision.PRECISIONS
     assert (config.EngineConfig().precision, config.EngineConfig().dtype) == ("exact", None)
+
+
+@pytest.mark.skipif(native.load() is None, reason="no native kernels: no int8 KV reader")
+def test_fast_takes_the_int8_kv_cache_unless_one_is_asked_for(tiny_models):
+    """Issue 33 item 3: fast's KV cache is int8 where the native kernels read it (measured
+    faster on every bench workload); an explicit --kv-cache-dtype wins, and exact keeps the
+    model's float32 cache."""
+    assert fast_choice("cpu").kv_cache == "int8" and fast_choice("cuda").kv_cache is None
+    assert resolve_precision("exact", None, "cpu").kv_cache is None
+    fast = LLM(str(tiny_models["llama"]), precision="fast", quantization="none")
+    assert fast.engine.config.kv_cache_dtype == "int8"
+    assert fast.engine.model.platform.kv_dtype == torch.uint8  # int8 rows
+    assert "int8 KV cache" in fast.engine.runner.backend.describe()["precision"]
+    asked = LLM(str(tiny_models["llama"]), precision="fast", quantization="none",
+                kv_cache_dtype="float32")
+    assert asked.engine.model.platform.kv_dtype == torch.float32
+    exact = LLM(str(tiny_models["llama"]))
+    assert (exact.engine.config.kv_cache_dtype, exact.engine.model.platform.kv_dtype) == (
+        "auto", torch.float32)
+    outs = [o.outputs[0].token_ids for o in fast.generate(PROMPTS, GREEDY)]
+    assert all(len(o) == GREEDY.max_tokens for o in outs)

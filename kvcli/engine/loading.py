@@ -50,6 +50,23 @@ def checkpoint_dtype(model_dir: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _preset_kv_cache(model: torch.nn.Module, config: EngineConfig,
+                     wanted: str | None) -> EngineConfig:
+    """``config`` with --kv-cache-dtype auto made the preset's cache (fast: int8) where this
+    model's attention reads one (a softcapped model's does not: it keeps its own dtype)."""
+    if config.kv_cache_dtype != "auto" or wanted is None:
+        return config
+    candidate = replace(config, kv_cache_dtype=wanted)
+    setter = getattr(model, "set_kv_cache_dtype", None)
+    try:
+        if setter is None:
+            return config
+        setter(kv_dtype(model, candidate))
+    except ValueError:
+        return config
+    return candidate
+
+
 def load_parts(config: EngineConfig) -> EngineParts:
     """Resolve ``config``'s model ("auto" modes made concrete) and load its weights and
     tokenizer, at the precision the preset and the CPU decide."""
@@ -93,5 +110,6 @@ def load_parts(config: EngineConfig) -> EngineParts:
         model = load_model(model_dir, dtype=dtype, device=config.device,
                            allow_pickle=config.allow_pickle)
     model.precision = precision  # what --precision / --dtype chose, for Backend.describe()
+    config = _preset_kv_cache(model, config, precision.kv_cache)
     eos = read_eos_token_ids(model_dir) or tuple(tokenizer.eos_token_ids)
     return EngineParts(model, tokenizer, config, eos, model_dir)

@@ -23,7 +23,7 @@ every row count there, so AMX CPUs keep oneDNN; on Zen 4 (no AMX) oneDNN's bf16 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvcli.model import large_gemm, native
 
@@ -49,6 +49,7 @@ class Precision:
     weights: str  # one of DTYPES: the float weights' (quantized weights: their activations')
     reason: str
     quantization: str | None = None  # --quantization's weights (int8, gguf) run instead
+    kv_cache: str | None = None  # fast's KV cache where --kv-cache-dtype is auto (int8)
 
     @property
     def exact(self) -> bool:
@@ -60,7 +61,8 @@ class Precision:
         """``exact: float32 weights (why)``, for the backend report."""
         weights = (f"{self.quantization} weights, {activations(self.quantization)}"
                    if self.quantization else f"{self.weights} weights")
-        return f"{self.preset}: {weights} ({self.reason})"
+        kv = f", {self.kv_cache} KV cache" if self.kv_cache else ""
+        return f"{self.preset}: {weights}{kv} ({self.reason})"
 
     def describe(self) -> dict[str, str]:
         """For ``--stats``, the bench JSON and ``Backend.describe()``."""
@@ -140,13 +142,26 @@ def fast_choice(device: str, quantization: str | None = None,
     with their own activations (float32; int8 for gguf-int, and for int8 where the integer
     kernels run); which quantized weights ``auto`` loads under fast (a GGUF's integer-kernel
     types: gguf-int) is checkpoint/quant_modes.py's ``auto_mode``, decided before loading.
-    The int8 KV cache is not part of fast: no end-to-end gain measured yet. ``may_quantize``
-    (``--quantization auto``): float weights may become int8 where the CPU has no AMX-BF16."""
+    ``may_quantize`` (``--quantization auto``): float weights may become int8 where the CPU has
+    no AMX-BF16. The KV cache is int8 wherever the native kernels run (:func:`_fast_kv`)."""
+    if not _is_cpu(device):
+        return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
+    return replace(_fast_weights(quantization, may_quantize), kv_cache=_fast_kv())
+
+
+def _fast_kv() -> str | None:
+    """fast's KV cache on the CPU: int8 where the native kernels read it in place (a
+    quarter of float32's bytes a decode step streams; Zen 4, gguf-int weights, the bench's
+    four workloads: 0.76-0.95x the time of a float32 cache, docs/BENCHMARKS.md), else the
+    model's own."""
+    return "int8" if native.load() is not None else None
+
+
+def _fast_weights(quantization: str | None, may_quantize: bool) -> Precision:
+    """fast's matmul weights on the CPU (fast_choice's)."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)
-    if not _is_cpu(device):
-        return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
     flags = cpu_flags()
     if "amx_bf16" in flags:
         return Precision("fast", "bfloat16", "AMX-BF16: oneDNN bf16 matmuls with float32 sums, "
@@ -172,8 +187,8 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
     """The engine's precision: ``preset`` (exact, fast) for whatever ``dtype`` does not fix.
 
     An explicit ``dtype`` overrides the preset's weights (then the preset is reported as
-    ``custom``; ``--precision fast --dtype float32`` would keep fast's other choices, today
-    none); ``auto`` is ``checkpoint_dtype`` where it is fast here, else float32.
+    ``custom``; ``--precision fast --dtype float32`` keeps fast's other choice, the int8 KV
+    cache); ``auto`` is ``checkpoint_dtype`` where it is fast here, else float32.
     PrecisionError: an unknown preset, or a dtype this CPU lacks.
     """
     if preset not in PRECISIONS:
@@ -194,7 +209,7 @@ def resolve_precision(preset: str, dtype: str | None, device: str,
     if chosen.weights == dtype:
         return chosen
     return Precision("custom", dtype, f"{reason}, over --precision {preset}'s {chosen.weights}",
-                     quantization)
+                     quantization, chosen.kv_cache)
 
 
 def _auto(device: str, checkpoint_dtype: str | None) -> tuple[str, str]:
