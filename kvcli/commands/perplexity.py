@@ -38,11 +38,11 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
     except PerplexityError as err:
         raise click.UsageError(str(err)) from None
     try:
-        result, mode, precision = _measure(text, opts)
+        result, mode, precision, kv = _measure(text, opts)
     except PerplexityError as err:
         raise click.ClickException(str(err)) from None
     doc = {"file": text_file, "model": opts["model"], "quantization": mode or "none",
-           "precision": precision, "kv_cache_dtype": opts["kv_cache_dtype"],
+           "precision": precision, "kv_cache_dtype": kv,
            **result.to_dict()}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -54,9 +54,10 @@ def perplexity(text_file: str, as_json: bool, **opts: Any) -> None:
                f"{doc['precision']}, KV cache {doc['kv_cache_dtype']})")
 
 
-def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None, str]:
-    """The perplexity, the weights that ran (``auto`` resolved: gguf, int8 or None) and the
-    precision the engine ran at (Backend.precision_label)."""
+def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None, str, str]:
+    """The perplexity, the weights that ran (``auto`` resolved: gguf, int8 or None), the
+    precision the engine ran at (Backend.precision_label) and its KV cache (auto, or the one
+    the preset chose)."""
     from kvcli.bench.perplexity import perplexity
     from kvcli.engine.llm_engine import LLMEngine
 
@@ -65,4 +66,4 @@ def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None, str]:
     except (OSError, ValueError) as err:  # as generate: a model it cannot use is exit 2
         raise click.UsageError(f"cannot load model {opts['model']!r}: {err}") from None
     return (perplexity(engine, text, opts["context"]), engine.config.quantization,
-            engine.runner.backend.precision_label)
+            engine.runner.backend.precision_label, engine.config.kv_cache_dtype)
