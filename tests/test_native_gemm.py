@@ -62,12 +62,12 @@ def test_linear_routes_decode_rows_to_the_kernel(monkeypatch):
     assert calls == [2, 5, 32, 64] and nt_calls == [8, 64]  # 1 row: NumPy; 65: torch
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 9, 32, 70])
 @pytest.mark.parametrize("shape", [(576, 1000), (200, 7), (37, 9), (8, 1)])  # (in, out)
 @pytest.mark.parametrize("threads", ["1", "2", "5"])
 def test_gemm_nt_equals_float64(rows, shape, threads, monkeypatch, native_lib):  # noqa: F811
-    """x @ W^T on an [out, in] W: every row tile (3 rows, then 2 or 1), every column tile (4
-    rows of W, then single ones), k tails past the last vector (in 200, 37) and no whole vector
+    """x @ W^T on an [out, in] W: every row tile (AVX2 3 rows, AVX-512 5, then every shorter
+    one), every column tile (4 or 5 rows of W, then single ones), k tails past the last vector (in 200, 37) and no whole vector
     (in 8 on AVX-512), on 1, 2 and more threads than W has tiles."""
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
     torch.manual_seed(rows * 5 + shape[1])

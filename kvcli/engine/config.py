@@ -82,7 +82,8 @@ class EngineConfig:
         help="exact: float32, greedy outputs equal transformers'; fast: the fastest measured "
              "combination on this CPU (float weights: bfloat16 where it has AMX-BF16, else "
              "int8 on the integer kernels, else bfloat16 where native, else float32; with "
-             "--quantization its weights); --stats names the choice "
+             "--quantization its weights; an int8 KV cache where the native kernels run); "
+             "--stats names the choice "
              "(kvcli/model/precision.py).")
     dtype: str | None = option(  # None: the precision's choice (exact: float32)
         None, choices=DTYPE_CHOICES,
@@ -90,14 +91,15 @@ class EngineConfig:
              "the KV cache stay float32. Refused where the CPU has no native bfloat16 / "
              "float16; auto: the checkpoint's where fast here. Overrides --precision's choice. "
              "Default: --precision's (exact: float32).")
-    kv_cache_dtype: str = option(  # the KV pool's element type; auto: the computing dtype (exact)
+    kv_cache_dtype: str = option(  # the KV pool's element type; auto: see the help
         "auto", choices=KV_CACHE_DTYPES,
         help="The KV cache's element type: auto = what the model computes in (float32 on the "
-             "CPU; exact); int8 = per token and KV head uint8 codes with a float32 scale and "
-             "zero point, read in place by the native CPU kernels (~3.6x the tokens in "
-             "--kv-cache-memory, a decode attention kernel ~2x faster; outputs close to, not "
-             "equal to, float32's); bfloat16 = half the bytes, the same kernels. Both need the "
-             "native kernels and a float32-computing model.")
+             "CPU; exact), int8 under --precision fast where the native kernels run; int8 = "
+             "per token and KV head uint8 codes with a float32 scale and zero point, read in "
+             "place by the native CPU kernels (~3.6x the tokens in --kv-cache-memory, a decode "
+             "attention kernel 2.5-2.8x faster; outputs close to, not equal to, float32's); "
+             "bfloat16 = half the bytes, the same kernels. Both need the native kernels and a "
+             "float32-computing model.")
     allow_pickle: bool = option(
         False, help="Allow pickle (.bin/.pt) checkpoints, loaded with torch.load(weights_only=True).")
     # "auto": a GGUF model in its own types, else float (checkpoint/quant_modes.py resolves it;
