@@ -54,15 +54,13 @@ def _preset_kv_cache(model: torch.nn.Module, config: EngineConfig,
                      wanted: str | None) -> EngineConfig:
     """``config`` with --kv-cache-dtype auto made the preset's cache (fast: int8) where this
     model's attention reads one (a softcapped model's does not: it keeps its own dtype)."""
-    if config.kv_cache_dtype != "auto" or wanted is None:
+    setter = getattr(model, "set_kv_cache_dtype", None)
+    if config.kv_cache_dtype != "auto" or wanted is None or setter is None:
         return config
     candidate = replace(config, kv_cache_dtype=wanted)
-    setter = getattr(model, "set_kv_cache_dtype", None)
     try:
-        if setter is None:
-            return config
         setter(kv_dtype(model, candidate))
-    except ValueError:
+    except ValueError:  # no attention route reads that cache under this model
         return config
     return candidate
 

@@ -18,6 +18,7 @@ every row count there, so AMX CPUs keep oneDNN; on Zen 4 (no AMX) oneDNN's bf16 
 ~100-400 us each whatever their size and kvcli's kernel is 1.3-3x faster per decode step.
 ``fast`` prefers int8 weights on the integer kernels to bfloat16 wherever there is no AMX
 (half the bytes, VNNI's twice the multiply-adds per instruction; measured faster on Zen 4).
+``fast`` also takes an int8 KV cache where the native kernels run (:func:`_fast_kv`).
 """
 
 from __future__ import annotations
