@@ -56,7 +56,8 @@ def pools(kind: str, slots: int) -> list[torch.Tensor]:
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """The decode kernels' signatures (native.load_variant's), for a build loaded by path."""
+    """The decode kernels' signatures (native.load_variant's), for a build loaded by path: only
+    these, so an older build, which may lack later entry points, loads too."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for suffix in ("", "_int8", "_bf16"):
         fn = getattr(lib, f"kvcli_paged_decode_attention{suffix}")
