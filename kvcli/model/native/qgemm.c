@@ -115,6 +115,10 @@ static inline __attribute__((always_inline)) void block_rows(const qgemm_args *a
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#include "qgemm_factored.h"
+#endif
+
 /* Part t of n: whole groups of NR channels, the last part the channels left over. At most
  * ONE_CHANNEL_ROWS rows (decode steps) the channels go one at a time: NR channels per tile save
  * activation loads, which pays at 64 rows (1.6x), but at 1-16 rows made int8 1.15-2.3x slower
@@ -124,6 +128,12 @@ static inline __attribute__((always_inline)) void qgemm_part(const qgemm_args *a
                                                              int64_t t, int64_t n_threads) {
     const int64_t groups = a->N / NR, g0 = groups * t / n_threads, g1 = groups * (t + 1) / n_threads;
     const int64_t end = t == n_threads - 1 ? a->N : g1 * NR;
+#if defined(FACTORED)
+    if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+        factored_part(a, type, g0 * NR, end);
+        return;
+    }
+#endif
     if (NR > 1 && a->M <= ONE_CHANNEL_ROWS) {
         for (int64_t n = g0 * NR; n < end; n++) channels(a, type, n, 1);
         return;

@@ -1,0 +1,137 @@
+/* Q4_0 / Q4_1 / Q8_0 blocks against 1-64 activation rows on AVX2 (qgemm.c: decode steps and
+ * the exact GGUF mode's short prefills). Included by qgemm.c only in AVX2 builds without
+ * AVX-512: the AVX-512 build keeps the tile path (this was measured on a Zen 3 only).
+ *
+ * The tile path de-quantizes each weight (d * q + m) before its multiply-add: ~44 instructions
+ * per 32 weights at one row, and its 16 registers hold only 4 rows. Here the block's scale and
+ * minimum are factored out of the sum, d * sum(x * q) + m * sum(x): the nibbles are spread to
+ * 32-bit lanes by two byte shuffles of one broadcast load and converted once per block for up
+ * to 8 rows, and m * sum(x) of 8 rows is one multiply-add on the rows' block sums (computed
+ * once per call). Still float32 arithmetic on the block's exact values (x is not rounded); the
+ * sums differ from the tile path's in the last bits (the tests' float64 tolerance). */
+#ifndef KVCLI_QGEMM_FACTORED_H
+#define KVCLI_QGEMM_FACTORED_H
+#include <immintrin.h>
+#include <stdint.h>
+
+#define FACTORED 1 /* qgemm.c: this path exists in this build */
+#define FR 8       /* rows per tile: 8 accumulators + 4 weight vectors + d, m, sum in 16 */
+
+/* [d, m] of the block at p (m: the next fp16; for Q4_0 / Q8_0 it is not read). */
+static inline __m128 halves(const uint8_t *p) {
+    int32_t two;
+    memcpy(&two, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(two));
+}
+
+/* The 32 weights of the block at p as integers in 4 float vectors, in element order. */
+static inline __attribute__((always_inline)) void codes(const int type, const uint8_t *p,
+                                                        __m256 w[4]) {
+    if (type == Q8_0) {
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * j))));
+        return;
+    }
+    /* byte j holds element j (low nibble) and j + 16 (high) */
+    const __m256i v = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128((const __m128i *)(p + (type == Q4_1 ? 4 : 2))));
+    const __m256i a = _mm256_shuffle_epi8(v, _mm256_setr_epi8(
+        0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+        4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1));
+    const __m256i b = _mm256_shuffle_epi8(v, _mm256_setr_epi8(
+        8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
+        12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1));
+    const __m256i low = _mm256_set1_epi32(15);
+    w[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, low));
+    w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+    w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+    w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Rows [i, i + mr) x channel n; xs[b * FR + r]: the sum of row i + r's block b. */
+static inline __attribute__((always_inline)) void factored_tile(const qgemm_args *a,
+                                                                const int type, int64_t i,
+                                                                const int mr, int64_t n,
+                                                                const float *xs) {
+    const int64_t blocks = a->K / 32, bb = block_bytes(type);
+    const uint8_t *w = a->w + n * blocks * bb;
+    const float *x = a->x + i * a->K;
+    __m256 acc[FR], macc = _mm256_setzero_ps(); /* macc lane r: row r's sum of m * sum(x) */
+    for (int r = 0; r < mr; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++, w += bb) {
+        __m256 wv[4];
+        codes(type, w, wv);
+        const __m128 dm = halves(w);
+        const __m256 d = _mm256_broadcastss_ps(dm);
+        for (int r = 0; r < mr; r++) {
+            const float *xr = x + r * a->K + 32 * b;
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xr), wv[0]);
+            for (int j = 1; j < 4; j++) s = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * j), wv[j], s);
+            acc[r] = _mm256_fmadd_ps(d, s, acc[r]);
+        }
+        if (type != Q8_0) { /* Q4_0: w = d * (q - 8), so m = -8 d */
+            const __m256 m = type == Q4_1 ? _mm256_broadcastss_ps(_mm_movehdup_ps(dm))
+                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+            macc = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs + b * FR), macc);
+        }
+    }
+    float mterm[FR];
+    _mm256_storeu_ps(mterm, macc);
+    for (int r = 0; r < mr; r++) {
+        float y = hsum8(acc[r]) + mterm[r];
+        if (a->bias) y += a->bias[n];
+        a->y[(i + r) * a->N + n] = y;
+    }
+}
+
+/* xs [tiles][blocks][FR]: each row's block sums, rows past M zero. */
+static void block_sums(const qgemm_args *a, float *xs) {
+    const int64_t blocks = a->K / 32, tiles = (a->M + FR - 1) / FR;
+    memset(xs, 0, sizeof(float) * tiles * blocks * FR);
+    for (int64_t row = 0; row < a->M; row++)
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *x = a->x + row * a->K + 32 * b;
+            const __m256 s = _mm256_add_ps(
+                _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+            xs[(row / FR * blocks + b) * FR + row % FR] = hsum8(s);
+        }
+}
+
+#define FACTORED_TILES(MRC)                                                                    \
+    for (int64_t n = c0; n < c1; n++) factored_tile(a, type, i, MRC, n, sums)
+
+/* Channels [n0, n1) for every row: a chunk of CHUNK channels' blocks stays in L1 while each
+ * row tile of FR rows meets it (qgemm.c's block_rows order). */
+static inline __attribute__((always_inline)) void factored_part(const qgemm_args *a,
+                                                                const int type, int64_t n0,
+                                                                int64_t n1) {
+    const int64_t blocks = a->K / 32, tiles = (a->M + FR - 1) / FR;
+    float xs[tiles * blocks * FR];
+    block_sums(a, xs);
+    for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
+        const int64_t c1 = c0 + CHUNK < n1 ? c0 + CHUNK : n1;
+        for (int64_t i = 0; i < a->M; i += FR) {
+            const float *sums = xs + i / FR * blocks * FR;
+            switch (a->M - i < FR ? a->M - i : FR) {
+            case 1: FACTORED_TILES(1); break;
+            case 2: FACTORED_TILES(2); break;
+            case 3: FACTORED_TILES(3); break;
+            case 4: FACTORED_TILES(4); break;
+            case 5: FACTORED_TILES(5); break;
+            case 6: FACTORED_TILES(6); break;
+            case 7: FACTORED_TILES(7); break;
+            default: FACTORED_TILES(8); break;
+            }
+        }
+    }
+}
+
+#endif
