@@ -1,5 +1,5 @@
-"""The native few-row matmuls (native/gemm.c, native/gemm_nt.c) and the worker pool every native
-kernel runs on.
+"""The native few-row matmuls (native/gemm.c, native/gemm_nt.c, native/gemv.c) and the worker
+pool every native kernel runs on.
 
 The kernel is checked against float64 for row counts across its register tiles (1..70 rows:
 whole tiles, the last partial tile), column counts that leave a remainder past the last
@@ -39,6 +39,20 @@ def test_gemm_equals_float64(rows, shape, threads, monkeypatch, native_lib):  # 
         got = native.gemm(native_lib, x, w, bias)
         assert got.shape == (rows, out_f)
         assert torch.allclose(got, reference(x, w, bias), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(576, 960), (1536, 40), (131, 37), (64, 3), (7, 9)])
+@pytest.mark.parametrize("threads", ["1", "2", "5"])
+def test_gemv_equals_float64(shape, threads, monkeypatch, native_lib):  # noqa: F811
+    """One row: K split in slabs (whole 4-row passes and a tail; 7 rows: one slab), N past the
+    last whole vector, with and without bias, on 1, 2 and more threads than 64-row slabs."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    torch.manual_seed(shape[0] + shape[1])
+    in_f, out_f = shape
+    x, w = torch.randn(1, in_f), torch.randn(in_f, out_f) / in_f**0.5
+    for bias in (None, torch.randn(out_f)):
+        got = native.gemv(native_lib, x[0], w, bias)
+        assert torch.allclose(got, reference(x, w, bias)[0], atol=2e-5, rtol=1e-4)
 
 
 def test_linear_routes_decode_rows_to_the_kernel(monkeypatch):

@@ -1,6 +1,5 @@
-"""The one-call native batch-1 decode step of quantized models (kvcli/model/native_step.py):
-taken by every decode step of gguf, gguf-int and int8 models, and equal to the NumPy loop it
-replaces (the same matmul kernels; the element-wise and attention kernels of the batched path,
+"""The one-call native batch-1 decode step (kvcli/model/native_step.py): taken by every decode
+step of gguf, gguf-int, int8 and float32 models, and equal to the NumPy loop it replaces (the same matmul kernels; the element-wise and attention kernels of the batched path,
 which differ from NumPy's only in the last bits), with a float32 or an int8 KV cache."""
 
 from __future__ import annotations
@@ -68,9 +67,10 @@ def test_int8_kv_cache_steps_equal_the_numpy_loop(quant_gguf, kvcli_home, mode):
     assert got == _numpy_loop(model, lambda: _tokens(llm, PROMPT[:11]))
 
 
+@pytest.mark.parametrize("quantization", ["int8", "auto"])  # auto: float32 weights (gemv.c)
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen2"])  # qwen2: q/k/v biases
-def test_int8_weights_take_the_native_step(tiny_models, family):
-    llm = LLM(str(tiny_models[family]), quantization="int8", block_size=4,
+def test_int8_and_float32_weights_take_the_native_step(tiny_models, family, quantization):
+    llm = LLM(str(tiny_models[family]), quantization=quantization, block_size=4,
               enable_prefix_caching=False)
     model = llm.engine.model
     assert model_backend(model).batch1_decode.startswith("native fused")  # --stats says so
@@ -79,8 +79,3 @@ def test_int8_weights_take_the_native_step(tiny_models, family):
     assert len(calls) == 15
     assert got == _numpy_loop(model, lambda: _tokens(llm, [5, 17, 99, 3, 250, 41, 7]))
 
-
-def test_float32_weights_keep_the_numpy_loop(tiny_models):
-    """float32 stays on NumPy and OpenBLAS: its exact outputs are those of today's path."""
-    model = LLM(str(tiny_models["llama"])).engine.model
-    assert model._numpy_decoder is not None and model._numpy_decoder.native_step is None

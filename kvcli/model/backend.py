@@ -82,7 +82,7 @@ def model_backend(model: Any) -> Backend:
     decoder = getattr(model, "_numpy_decoder", None)
     if decoder is None:
         batch1 = "as batched"
-    elif decoder.native_step is not None:  # quantized weights (model/native_step.py)
+    elif decoder.native_step is not None:  # model/native_step.py
         batch1 = "native fused (one call a step)"
     else:
         batch1 = "numpy fused" + (

@@ -1,13 +1,15 @@
-"""The batch-1 decode step of a model with quantized weights as one native call
-(native/decode_step.c): ``--quantization gguf`` (qgemm.c's float32 math on the GGUF blocks) and
-``gguf-int`` / ``int8`` (qint.c's integer kernels).
+"""The batch-1 decode step of a model as one native call (native/decode_step.c):
+``--quantization gguf`` (qgemm.c's float32 math on the GGUF blocks), ``gguf-int`` / ``int8``
+(qint.c's integer kernels) and float32 weights (gemv.c on their ``[in, out]`` buffers).
 
 The fused NumPy path (numpy_decode.py) runs such a step as ~150 ctypes matmul calls and ~1200
 small NumPy operations, ~4-5 ms a token beside the weights' few milliseconds of memory traffic.
 Here the whole layer stack is one call: the same matmul kernels on the same bytes, and the
-element-wise, KV-write and attention kernels the batched torch path calls. Built only where
-every matrix is one a kernel runs whole (not a StackedWeight of mixed GGUF types) and the
-cache is float32 or int8 rows; otherwise NumpyDecoder keeps its own loop.
+element-wise, KV-write and attention kernels the batched torch path calls. For float32 weights
+the one-row matmul is gemv.c, not the batched path's gemm.c: each thread streams a contiguous
+slab of W (12.6 ms for the model's layers on a Zen 3, OpenBLAS 14.2-14.9, gemm.c 16.9). Built
+only where every matrix is one a kernel runs whole (not a StackedWeight of mixed GGUF types)
+and the cache is float32 or int8 rows; otherwise NumpyDecoder keeps its own loop.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class NativeStep:
     @classmethod
     def create(cls, model: torch.nn.Module) -> NativeStep | None:
         """None unless the kernels are built and every layer's four matrices are ones a native
-        kernel runs whole (quantized: float32 weights keep the NumPy path and its OpenBLAS)."""
+        kernel runs whole."""
         lib = model.routes.native
         if lib is None or not hasattr(lib, "kvcli_decode_step"):
             return None
@@ -98,6 +100,10 @@ class NativeStep:
         if isinstance(weight, QuantWeight) and weight.kind in NATIVE_TYPES:
             return _Matrix(0, weight.kind, 0, weight.data.data_ptr(), self._ptr(weight.scale),
                            self._ptr(bias))
+        if (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+                and weight.t().is_contiguous()):  # an [out, in] view of an [in, out] buffer
+            self._keep.append(weight)
+            return _Matrix(2, 0, 0, weight.data_ptr(), None, self._ptr(bias))
         raise ValueError(f"no native decode step for a {type(weight).__name__} matrix")
 
     def __call__(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray, kv_cache: np.ndarray,

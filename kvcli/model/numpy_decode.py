@@ -68,7 +68,7 @@ class NumpyDecoder:
                                                logits])
         platform = model.platform
         self.int8_lib = platform.native if platform.kv_dtype == torch.uint8 else None
-        # Quantized weights: the whole layer stack in one native call (native_step.py).
+        # The whole layer stack in one native call where its kernels take it (native_step.py).
         self.native_step = NativeStep.create(model)
 
     @staticmethod

@@ -63,6 +63,8 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
+    lib.kvcli_gemv.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 3]
+    lib.kvcli_gemv.restype = ctypes.c_int
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
@@ -219,6 +221,19 @@ def gemm(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,
     lib.kvcli_gemm(x.data_ptr(), weight_in_out.data_ptr(),
                    None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
                    rows, out_features, in_features, num_threads())
+    return y
+
+
+def gemv(lib: ctypes.CDLL, x: torch.Tensor, weight_in_out: torch.Tensor,
+         bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight_in_out (+ bias)`` for one contiguous float32 row ``x`` ``[in]`` (gemv.c, the
+    native batch-1 step's float32 matmul; MemoryError: its partial sums could not be had)."""
+    y = x.new_empty(weight_in_out.shape[1])
+    status = lib.kvcli_gemv(x.data_ptr(), weight_in_out.data_ptr(),
+                            None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
+                            weight_in_out.shape[1], weight_in_out.shape[0], num_threads())
+    if status:
+        raise MemoryError("gemv: no memory for the partial sums")
     return y
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 _HERE = Path(__file__).parent
 # Slowest to compile first (see the module docstring); the rest in any order.
 SOURCES = tuple(_HERE / n
-                for n in ("qgemm.c", "qint.c", "qint_pack.c", "pool.c", "gemm.c", "gemm_nt.c",
+                for n in ("qgemm.c", "qint.c", "qint_pack.c", "pool.c", "gemm.c", "gemm_nt.c", "gemv.c",
                           "paged_attention.c",
                           "prefill_attention.c", "elementwise.c", "paged_attention_int8.c",
                           "prefill_attention_int8.c", "paged_attention_bf16.c",

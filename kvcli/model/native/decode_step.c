@@ -1,11 +1,13 @@
-/* One whole batch-1 decode step of a Llama-family model with quantized weights, in one call.
+/* One whole batch-1 decode step of a Llama-family model, in one call (quantized or float32
+ * weights).
  *
  * At batch 1 the weights of SmolLM2-135M in Q4_1 are ~84 MB a token, a few milliseconds of
  * memory traffic; what the fused NumPy path (kvcli/model/numpy_decode.py) spent besides was
  * ~150 ctypes calls and ~1200 small NumPy operations a step (~4-5 ms). Here the layer stack
  * runs in C, composed of the kernels the batched path calls one by one: the matmuls of
- * qgemm.c (--quantization gguf: float32 math on the GGUF blocks) or qint.c (gguf-int), the
- * RMSNorm, RoPE and SiLU-and-mul of elementwise.c, the int8 KV write of paged_attention_kv.c
+ * qgemm.c (--quantization gguf: float32 math on the GGUF blocks), qint.c (gguf-int) or
+ * gemv.c (float32 weights, where NumPy's OpenBLAS gemv ran before), the
+ * RMSNorm, RoPE and SiLU-and-mul of elementwise.c, the int8 KV write of paged_attention_int8.c
  * and the many-row attention of prefill_attention.c (one query row over the context's slots).
  * Only the matmuls and the attention use the worker pool; the element-wise passes over a
  * 576-float row run on the caller. The same arithmetic as a batched step's row, kernel by
@@ -17,6 +19,8 @@
 
 int kvcli_qgemm(int64_t type, const float *x, const uint8_t *w, const float *scale,
                 const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t threads);
+int kvcli_gemv(const float *x, const float *w, const float *bias, float *y, int64_t N,
+               int64_t K, int64_t threads);
 int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t *w,
                     const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t threads);
@@ -39,8 +43,9 @@ int kvcli_paged_prefill_attention_int8(const float *, const uint8_t *, const uin
                                        const int64_t *, const int64_t *, float *, int64_t,
                                        int64_t, int64_t, int64_t, int64_t, float, int64_t);
 
-/* One [out, in] matrix: kvcli_qgemm's (int_kernel 0: GGUF blocks or int8 rows with `scale`)
- * or kvcli_qint_gemm's (1: its packed tiles, for `variant`). Mirrored by native_step.py. */
+/* One matrix: kvcli_qgemm's (int_kernel 0: [out, in] GGUF blocks or int8 rows with `scale`),
+ * kvcli_qint_gemm's (1: its packed tiles, for `variant`) or kvcli_gemv's (2: a float32 [in, out]
+ * buffer). Mirrored by native_step.py. */
 typedef struct {
     int64_t int_kernel, type, variant;
     const uint8_t *w;
@@ -63,6 +68,8 @@ typedef struct {
 
 static int matmul(const step_matrix *m, const float *x, float *y, int64_t N, int64_t K,
                   int64_t threads) {
+    if (m->int_kernel == 2)
+        return kvcli_gemv(x, (const float *)m->w, m->bias, y, N, K, threads);
     if (m->int_kernel)
         return kvcli_qint_gemm(m->variant, m->type, x, m->w, m->bias, y, 1, N, K, threads);
     return kvcli_qgemm(m->type, x, m->w, m->scale, m->bias, y, 1, N, K, threads);
