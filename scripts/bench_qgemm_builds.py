@@ -5,6 +5,10 @@ step) plus the tied embedding as the LM head (Q8_0) where rows <= 1.
 
     .venv/bin/python scripts/bench_qgemm_builds.py OLD.so NEW.so [...]   (env ROWS="1 2 8 32")
 
+TYPE=Q4_K (or Q5_K, Q6_K) times random blocks of that k-quant instead, in the shapes of 4 layers
+of a Llama-3.2-1B-sized model (hidden 2,048, FFN 8,192: SmolLM2's 576-wide rows are not whole
+256-value super-blocks), ~140-200 MB.
+
 Best of 12 per build and row count; prints the first build's ms and every other build's time
 as a ratio to it, and the largest difference between the builds' outputs (relative to the
 output's largest magnitude).
@@ -16,6 +20,7 @@ import ctypes
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,6 +29,16 @@ from kvcli.model.quant.gguf_weights import gguf_weights
 from kvcli.model.quant.weights import QuantWeight
 
 REPS = 12
+K_SHAPES = [(2048, 2048), (512, 2048), (512, 2048), (2048, 2048), (8192, 2048), (8192, 2048),
+            (2048, 8192)]  # (out, in): q, k, v, o, gate, up, down
+
+
+def k_quant_layers(name: str) -> list[QuantWeight]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from k_quant_blocks import random_k_quant  # the tests' random (valid) k-quant blocks
+
+    kind = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}[name]
+    return [random_k_quant(kind, o, i, seed) for seed, (o, i) in enumerate(K_SHAPES * 4)]
 
 
 def run(lib: ctypes.CDLL, rows: int, mats: list[QuantWeight], xs: dict, ys: list) -> None:
@@ -40,9 +55,13 @@ def main() -> None:
         sys.exit(__doc__)
     for lib in libs:
         lib.kvcli_qgemm.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4
-    everything = [(n, w) for n, w in gguf_weights(default_gguf_path()) if isinstance(w, QuantWeight)]
-    layers = [w for n, w in everything if n.startswith("model.layers.")]
-    head = [w for n, w in everything if "embed" in n]
+    if "TYPE" in os.environ:
+        layers, head = k_quant_layers(os.environ["TYPE"]), []
+    else:
+        everything = [(n, w) for n, w in gguf_weights(default_gguf_path())
+                      if isinstance(w, QuantWeight)]
+        layers = [w for n, w in everything if n.startswith("model.layers.")]
+        head = [w for n, w in everything if "embed" in n]
     for rows in map(int, os.environ.get("ROWS", "1 2 8 32").split()):
         mats = layers + (head if rows <= 1 else [])
         xs = {k: torch.randn(rows, k) for k in {w.shape[1] for w in mats}}

@@ -129,7 +129,7 @@ static inline __attribute__((always_inline)) void qgemm_part(const qgemm_args *a
     const int64_t groups = a->N / NR, g0 = groups * t / n_threads, g1 = groups * (t + 1) / n_threads;
     const int64_t end = t == n_threads - 1 ? a->N : g1 * NR;
 #if defined(FACTORED)
-    if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+    if (type != I8) {
         factored_part(a, type, g0 * NR, end);
         return;
     }
