@@ -3,7 +3,8 @@
  *   QV 0  AVX512-VNNI: 16 channels per register, vpdpbusd (u8 x s8 -> 4 products summed in i32)
  *   QV 1  AVX-VNNI:    8 channels per register (two per 16-channel group), VEX vpdpbusd
  *   QV 2  AVX2:        vpmaddubsw (u8 x s8 -> pairs in saturating i16), summed in i16 over as
- *                      many k-groups as cannot overflow (run16), then vpmaddwd by ones
+ *                      many k-groups as cannot overflow (run16), then vpmaddwd by ones; the
+ *                      nibble types through qint_nibble_avx2.h's tile
  * The packed layout (qint_layout.h, qint_pack.c) is the same for all three, so one repack serves
  * every variant.
  * A register tile is QMR rows x QNV channel vectors: AVX-512 takes 4 rows x 2 groups (16 sums
@@ -162,11 +163,13 @@ static AI void QN(block_sums)(const int type, const uint8_t *w, const int64_t gs
                 const int run = QN(run16)(type), at = kg - 4 * second;
                 const qvi p = QN(pairs)(type, uv[j], wv[j], xb);
                 part[r][j] = at % run ? _mm256_add_epi16(part[r][j], p) : p;
+                __asm__("" : "+x"(part[r][j])); /* as nibble_tile's: no tree of spilled sums */
                 if (at % run != run - 1) continue;
                 /* widened; the first run's sums start at the block's start value */
                 const qvi wide = _mm256_madd_epi16(part[r][j], _mm256_set1_epi16(1));
                 const qvi from = at == run - 1 ? QN(start)(type, o + r * ostride + second) : *s;
                 *s = _mm256_add_epi32(from, wide);
+                __asm__("" : "+x"(*s));
 #else
                 *s = QN(step)(*s, wv[j], xb);
 #endif
@@ -235,11 +238,21 @@ static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, con
     }
 }
 
+#if QV == 2
+#include "qint_nibble_avx2.h" /* nibble_tile */
+#endif
+
 /* Rows [i, i + mr) x groups [g0, g1), tile by tile (AVX-512: the last one may be a lone group). */
 static AI void QN(span)(const qint_args *a, const int type, const int64_t i, const int mr,
                         const int64_t g0, const int64_t g1) {
     for (int64_t g = g0; g < g1; g += QNV)
         for (int h = 0; h < HALVES; h++) {
+#if QV == 2
+            if (!is_byte(type)) {
+                QN(nibble_tile)(a, type, i, mr, g, h);
+                continue;
+            }
+#endif
             if (g + QNV > g1)
                 QN(tile)(a, type, i, mr, 1, g, h);
             else
