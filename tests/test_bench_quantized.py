@@ -70,16 +70,19 @@ def test_the_kvcli_row_runs_the_bench_quantization(tiny_models, kvcli_home):
     """--quantization picks the kvcli row's weights (auto: a GGUF in its own types, as generate
     runs it); every row of the report names its precision."""
     gguf = str(tiny_models.gguf("llama"))
-    docs = {}
+    docs, ints = {}, native.qint_available(native.load())
     for mode in ("auto", "none", "int8"):
+        compare = "hf-generate,kvcli-gguf-fast" if mode == "auto" and ints else "hf-generate"
         result = invoke("--workload", "decode-1", "--model", gguf, "--quantization", mode,
-                        "--compare", "hf-generate", "--json", *SMALL)
+                        "--compare", compare, "--json", *SMALL)
         assert result.exit_code == 0, result.output
         docs[mode] = json.loads(result.stdout)
     precision = {m: [(e["name"], e["precision"]) for e in d["systems"]] for m, d in docs.items()}
     int8 = ("int8 weights, int8 activations per 32 values, float32 KV"  # not "(exact)"
-            if native.qint_available(native.load())
-            else "int8 weights, float32 activations, float32 KV (exact)")
+            if ints else "int8 weights, float32 activations, float32 KV (exact)")
+    if ints:  # --compare kvcli-gguf-fast: --precision fast on the GGUF itself, its own blocks
+        assert precision["auto"].pop() == (
+            "kvcli-gguf-fast", "gguf-int weights, int8 activations per 32 values, int8 KV (fast)")
     assert precision == {
         "auto": [("kvcli", "gguf weights, float32 activations, float32 KV (exact)"),
                  ("hf-generate", "float32")],

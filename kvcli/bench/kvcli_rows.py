@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 QUANTIZED = {"kvcli-gguf": "gguf", "kvcli-gguf-int": "gguf-int", "kvcli-int8": "int8"}
 # kvcli at another precision (`--dtype`, `--precision`): (precision, dtype), measured likewise.
 PRECISION_PEERS = {"kvcli-bf16": ("exact", "bfloat16"), "kvcli-fast": ("fast", None)}
+# --precision fast on the GGUF itself (what `generate --precision fast` runs on the default
+# model: its own blocks on the integer kernels, an int8 KV cache), where kvcli-fast runs the
+# bench's float weights.
+GGUF_FAST = "kvcli-gguf-fast"
 # kvcli with another KV cache (`--kv-cache-dtype`), float32 weights, in the same run.
 KV_DTYPES = {"kvcli-int8kv": "int8", "kvcli-bf16kv": "bfloat16"}
 NO_CACHE = "kvcli-no-cache"  # the reference's engine with its prefix cache off
-VARIANTS = (NO_CACHE, *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
+VARIANTS = (NO_CACHE, *QUANTIZED, *PRECISION_PEERS, GGUF_FAST, *KV_DTYPES)
 # The options a load error of the reference row names (a variant's names its --compare).
 REFERENCE_FLAGS = "--quantization / --precision / --dtype / --kv-cache-dtype"
 
@@ -80,6 +84,9 @@ def kvcli_row(name: str, model_dir: Path, cfg: BenchConfig) -> KvcliRow:
     if name in PRECISION_PEERS:  # as `generate --model DIR --precision ...` (--quantization auto)
         precision, dtype = PRECISION_PEERS[name]
         return replace(base, quantization="auto", precision=precision, dtype=dtype)
+    if name == GGUF_FAST:
+        return replace(base, model=weights_spec(model_dir, cfg, "gguf-int"),
+                       quantization="auto", precision="fast", kv_cache_dtype="auto")
     if name in KV_DTYPES:  # its own model: the KV dtype picks the model's attention backend
         return replace(base, kv_cache_dtype=KV_DTYPES[name])
     raise KeyError(f"not a kvcli row: {name!r}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcli.bench.kvcli_rows import (
+    GGUF_FAST,
     KV_DTYPES,
     NO_CACHE,
     PRECISION_PEERS,
@@ -24,10 +25,10 @@ _ENGINE = EngineConfig()  # the engine options' defaults, for kvcli's own runs
 
 OPENVINO_PEERS = tuple(OPENVINO_VARIANTS)  # float32 forced / its defaults on fp32, int8, int4
 PEERS = ("hf-generate", "hf-generate-batch", NO_CACHE, "vllm", *OPENVINO_PEERS,
-         "llamacpp", *QUANTIZED, *PRECISION_PEERS, *KV_DTYPES)
+         "llamacpp", *QUANTIZED, *PRECISION_PEERS, GGUF_FAST, *KV_DTYPES)
 DEFAULT_COMPARE = "hf-generate"
 # Peers that need no float weights in the bench's model directory (else a GGUF is converted).
-NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", NO_CACHE}
+NATIVE_PEERS = {"llamacpp", "kvcli-gguf", "kvcli-gguf-int", GGUF_FAST, NO_CACHE}
 
 
 @dataclass(slots=True)
