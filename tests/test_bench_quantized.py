@@ -70,19 +70,16 @@ def test_the_kvcli_row_runs_the_bench_quantization(tiny_models, kvcli_home):
     """--quantization picks the kvcli row's weights (auto: a GGUF in its own types, as generate
     runs it); every row of the report names its precision."""
     gguf = str(tiny_models.gguf("llama"))
-    docs, ints = {}, native.qint_available(native.load())
+    docs = {}
     for mode in ("auto", "none", "int8"):
-        compare = "hf-generate,kvcli-gguf-fast" if mode == "auto" and ints else "hf-generate"
         result = invoke("--workload", "decode-1", "--model", gguf, "--quantization", mode,
-                        "--compare", compare, "--json", *SMALL)
+                        "--compare", "hf-generate", "--json", *SMALL)
         assert result.exit_code == 0, result.output
         docs[mode] = json.loads(result.stdout)
     precision = {m: [(e["name"], e["precision"]) for e in d["systems"]] for m, d in docs.items()}
     int8 = ("int8 weights, int8 activations per 32 values, float32 KV"  # not "(exact)"
-            if ints else "int8 weights, float32 activations, float32 KV (exact)")
-    if ints:  # --compare kvcli-gguf-fast: --precision fast on the GGUF itself, its own blocks
-        assert precision["auto"].pop() == (
-            "kvcli-gguf-fast", "gguf-int weights, int8 activations per 32 values, int8 KV (fast)")
+            if native.qint_available(native.load())
+            else "int8 weights, float32 activations, float32 KV (exact)")
     assert precision == {
         "auto": [("kvcli", "gguf weights, float32 activations, float32 KV (exact)"),
                  ("hf-generate", "float32")],
@@ -101,3 +98,17 @@ def test_gguf_without_a_gguf_is_a_usage_error(tiny_models):
                                        *SMALL])
     assert result.exit_code == 2
     assert "--compare kvcli-gguf:" in result.output and "GGUF" in result.output
+
+
+def test_gguf_fast_row_is_precision_fast_on_the_gguf_itself(tiny_models, tmp_path):
+    """--compare kvcli-gguf-fast loads what `generate --model X.gguf --precision fast` loads
+    (the GGUF's own blocks), where kvcli-fast loads the bench's float weights."""
+    from kvcli.bench.kvcli_rows import kvcli_row
+    from kvcli.bench.suite import BenchConfig
+
+    gguf = str(tiny_models.gguf("llama"))
+    cfg = BenchConfig(workloads=["decode-1"], model=gguf, compare=["kvcli-gguf-fast"])
+    assert parse_compare("kvcli-gguf-fast,kvcli-fast") == ["kvcli-gguf-fast", "kvcli-fast"]
+    row = kvcli_row("kvcli-gguf-fast", tmp_path, cfg)
+    assert (row.model, row.quantization, row.precision) == (gguf, "auto", "fast")
+    assert kvcli_row("kvcli-fast", tmp_path, cfg).model == str(tmp_path)
