@@ -208,7 +208,11 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
 #endif
 }
 
-#if defined(__AVX512F__) && !defined(KV_CONVERTED)
+#if defined(KV_INT8) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define KV_VNNI 1 /* integer scores over the codes (prefill_vnni.h) */
+#endif
+
+#if defined(__AVX512F__) && (!defined(KV_CONVERTED) || defined(KV_VNNI))
 /* r[i] = column i of the 16 x 16 block whose rows r[] held: four rounds of shuffles. */
 static inline void transpose16(__m512 r[16]) {
     __m512 t[16];
@@ -257,6 +261,23 @@ static inline void load_panel(const job_t *j, int64_t D, const int64_t *at, floa
     for (int64_t t = 0; t < KB; t++) load_key(j, D, at[t], t, kt, vb, &vrow[t]);
 }
 
+#if defined(KV_VNNI)
+#include "prefill_vnni.h"
+
+/* The panel's V rows widened into vb [KB][D] (their addresses in vrow), as load_key's. */
+static inline void load_values(const job_t *j, int64_t D, const int64_t *at, float *vb,
+                               const float **vrow) {
+    for (int64_t t = 0; t < KB; t++) {
+        float sc, bias;
+        const kv_t *vu = j->v + at[t];
+        kv_params(vu, D, &sc, &bias);
+        float *dst = vb + t * D;
+        for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
+        vrow[t] = dst;
+    }
+}
+#endif
+
 /* Fetches the K and V rows of the panel at key positions [k0, k0 + KB) of `slots` into the
  * cache while the current panel is worked on. The rows lie where the block table put them, so
  * no hardware prefetcher sees the pattern: without this, every row's first line missed the
@@ -274,14 +295,58 @@ static inline void prefetch_panel(const job_t *j, const int64_t *slots, int64_t 
     }
 }
 
+/* Query rows rounded to int8 for the integer scores (c NULL: the float path): row i's codes at
+ * c + i * D, its scale s[i] and code sum sum[i]. */
+typedef struct {
+    const int8_t *c;
+    const float *s;
+    const int32_t *sum;
+} qrows_t;
+
+/* The panel in the form its scores take: float K transposed (load_panel), or with quantized
+ * rows the codes transposed as bytes into kt, each key's scale and bias, V widened. */
+static inline void panel_in(const job_t *j, int64_t D, const int64_t *at, float *kt, float *vb,
+                            const float **vrow, const qrows_t *qq, float *sk, float *bk) {
+#if defined(KV_VNNI)
+    if (qq->c) {
+        load_codes(j->k, D, at, (__m512i *)kt, sk, bk);
+        load_values(j, D, at, vb, vrow);
+        return;
+    }
+#endif
+    (void)qq, (void)sk, (void)bk;
+    load_panel(j, D, at, kt, vb, vrow);
+}
+
+/* Raw scores of rows i0 .. i0 + RB (of m; past m: row i0 again) against the panel. */
+static inline void panel_scores(int64_t D, const float *const *qs, const qrows_t *qq, int64_t i0,
+                                int64_t m, const float *kt, const float *sk, const float *bk,
+                                vf (*sv)[NV]) {
+#if defined(KV_VNNI)
+    if (qq->c) {
+        const int8_t *qc[RB];
+        float sq[RB];
+        int32_t su[RB];
+        for (int64_t r = 0; r < RB; r++) {
+            const int64_t i = i0 + r < m ? i0 + r : i0;
+            qc[r] = qq->c + i * D, sq[r] = qq->s[i], su[r] = qq->sum[i];
+        }
+        scores_vnni(D, qc, sq, su, (const __m512i *)kt, sk, bk, sv);
+        return;
+    }
+#endif
+    (void)qq, (void)i0, (void)m, (void)sk, (void)bk;
+    scores(D, qs, kt, sv);
+}
+
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
  * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
  * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt is the
  * [D][KB] key panel (followed by the int8 build's [KB][D] V scratch). DIM is a compile-time head size where one is given. */
 #define ATTEND_KEYS(NAME, DIM)                                                                 \
     static void NAME(const job_t *j, int64_t g, const int64_t *slots, int64_t k_lo,            \
-                     int64_t k_hi, int64_t m, const float *const *q, const int64_t *pos,       \
-                     float *mx, float *l, float *o, float *kt) {                               \
+                     int64_t k_hi, int64_t m, const float *const *q, const qrows_t *qq,        \
+                     const int64_t *pos, float *mx, float *l, float *o, float *kt) {           \
         const int64_t D = (DIM), stride = j->Hkv * KV_ROW(D), w = j->window;                   \
         const float *vrow[KB];                                                                 \
         float *vb = kt + D * KB;                                                               \
@@ -294,12 +359,13 @@ static inline void prefetch_panel(const job_t *j, const int64_t *slots, int64_t 
             int64_t at[KB];                                                                    \
             for (int64_t t = 0; t < KB; t++)                                                   \
                 at[t] = slots[k0 + (t < nk ? t : 0)] * stride + g * KV_ROW(D);                 \
-            load_panel(j, D, at, kt, vb, vrow);                                                \
+            float sk[KB], bk[KB];                                                              \
+            panel_in(j, D, at, kt, vb, vrow, qq, sk, bk);                                      \
             for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
                 vf sv[RB][NV];                                                                 \
                 const float *qs[RB];                                                           \
                 for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];          \
-                scores(D, qs, kt, sv);                                                         \
+                panel_scores(D, qs, qq, i0, m, kt, sk, bk, sv);                                \
                 float p[RB][KB], alpha[RB];                                                    \
                 int live[RB];                                                                  \
                 for (int64_t r = 0; r < RB; r++) {                                             \
@@ -337,13 +403,36 @@ ATTEND_KEYS(keys_128, 128)
 ATTEND_KEYS(keys_any, j->D)
 
 typedef void (*keys_fn)(const job_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
-                        const float *const *, const int64_t *, float *, float *, float *, float *);
+                        const float *const *, const qrows_t *, const int64_t *, float *, float *,
+                        float *, float *);
 
 typedef struct { /* one thread's buffers, for QT x group rows */
     float *kt, *mx, *l, *o;
     const float **q;
     int64_t *pos;
+    int8_t *qc; /* the rows rounded to int8 (KV_VNNI), with their scales and code sums */
+    float *qs;
+    int32_t *qsum;
 } scratch_t;
+
+/* The item's m query rows (s->q) rounded to int8 where the integer scores serve them. */
+static qrows_t quantized_rows(const job_t *j, int64_t m, const scratch_t *s) {
+#if defined(KV_VNNI)
+    if (vnni_scores(j->D)) {
+        for (int64_t i = 0; i < m; i++)
+            s->qs[i] = quantize_query(s->q[i], j->D, s->qc + i * j->D, &s->qsum[i]);
+        return (qrows_t){s->qc, s->qs, s->qsum};
+    }
+#endif
+    (void)j, (void)m, (void)s;
+    return (qrows_t){NULL, NULL, NULL};
+}
+
+/* Rows r.. of qq (a sequence's own rows in a shared item). */
+static inline qrows_t rows_from(const qrows_t *qq, int64_t r, int64_t D) {
+    if (!qq->c) return *qq;
+    return (qrows_t){qq->c + r * D, qq->s + r, qq->sum + r};
+}
 
 /* Row r of sequence `seq`'s query `i` for query head `hh`. */
 static inline const float *query(const job_t *j, const int64_t *info, int64_t i, int64_t hh) {
@@ -376,8 +465,10 @@ static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch
         s->pos[i] = pos0 + first + i / group;
     }
     const int64_t lo = w > 0 && pos0 + first - w + 1 > 0 ? pos0 + first - w + 1 : 0;
+    const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
-    keys(j, g, j->slots + info[3], lo, pos0 + last, m, s->q, s->pos, s->mx, s->l, s->o, s->kt);
+    keys(j, g, j->slots + info[3], lo, pos0 + last, m, s->q, &qq, s->pos, s->mx, s->l, s->o,
+         s->kt);
     finish_rows(j, m, s);
 }
 
@@ -392,13 +483,15 @@ static void shared_item(const job_t *j, const item_t *it, keys_fn keys, scratch_
         s->q[i] = query(j, info, 0, g * group + i % group);
         s->pos[i] = info[2] - 1;
     }
+    const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
-    keys(j, g, j->slots + j->seqs[4 * first + 3], 0, shared, m, s->q, s->pos, s->mx, s->l, s->o,
-         s->kt);
+    keys(j, g, j->slots + j->seqs[4 * first + 3], 0, shared, m, s->q, &qq, s->pos, s->mx, s->l,
+         s->o, s->kt);
     for (int64_t r = 0; r < m; r += group) {
         const int64_t *info = j->seqs + 4 * (first + r / group);
-        keys(j, g, j->slots + info[3], shared, info[2], group, s->q + r, s->pos + r, s->mx + r,
-             s->l + r, s->o + r * j->D, s->kt);
+        const qrows_t own = rows_from(&qq, r, j->D);
+        keys(j, g, j->slots + info[3], shared, info[2], group, s->q + r, &own, s->pos + r,
+             s->mx + r, s->l + r, s->o + r * j->D, s->kt);
     }
     finish_rows(j, m, s);
 }
@@ -411,9 +504,11 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
                    malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
                    malloc(sizeof(float) * rows * j->D),
-                   malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows)};
+                   malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows),
+                   malloc((size_t)(rows * j->D)), malloc(sizeof(float) * rows),
+                   malloc(sizeof(int32_t) * rows)};
     const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
-    if (!s.kt || !s.mx || !s.l || !s.o || !s.q || !s.pos) {
+    if (!s.kt || !s.mx || !s.l || !s.o || !s.q || !s.pos || !s.qc || !s.qs || !s.qsum) {
         atomic_store(&j->status, 1);
     } else {
         for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;) {
@@ -427,6 +522,9 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     free(s.o);
     free(s.q);
     free(s.pos);
+    free(s.qc);
+    free(s.qs);
+    free(s.qsum);
 }
 
 static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
@@ -435,6 +533,16 @@ static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
     kvcli_parallel(run_part, job, num_threads < n ? num_threads : n, 0);
     free(items);
     return atomic_load(&job->status);
+}
+
+/* 1 where this build rounds query rows of head size D to int8 for their scores (prefill_vnni.h). */
+int64_t KV_NAME(kvcli_prefill_int_scores)(int64_t head_dim) {
+#if defined(KV_VNNI)
+    return vnni_scores(head_dim);
+#else
+    (void)head_dim;
+    return 0;
+#endif
 }
 
 /* Returns 0 on success, 1 when memory ran out. Every listed sequence's K/V, the new tokens'
