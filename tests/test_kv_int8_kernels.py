@@ -2,8 +2,8 @@
 against torch: the quantization against its formula, and every attention kernel (decode,
 prefill chunks with cached context and a sliding window, shared-prefix decode) against float64
 attention over the same cache de-quantized in torch, in each build (AVX-512, AVX2). Where a
-build scores many-row items in integers (AVX512-VNNI, native/prefill_vnni.h), the reference
-for those rows takes the queries rounded to int8 as the kernel rounds them."""
+build scores in integers (AVX512-VNNI, native/kv_int8.h), the reference takes the queries
+rounded to int8 as the kernels round them."""
 
 from __future__ import annotations
 
@@ -38,41 +38,35 @@ def quantized(lib, kv: torch.Tensor) -> torch.Tensor:
 
 
 def rounded_queries(q: torch.Tensor) -> torch.Tensor:
-    """Each [D] query row rounded to int8 codes and back, as prefill_vnni.h's quantize_query:
+    """Each [D] query row rounded to int8 codes and back, as kv_int8.h's quantize_query:
     scale max|q| / 127, codes round(q * 127 / max|q|) to nearest even."""
     amax = q.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     return torch.round(q * inv) * (amax / 127.0)
 
 
-def many_row_queries(lib, kv8: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The queries the prefill and shared-prefix kernels of this build attend with."""
-    return rounded_queries(q) if native.prefill_int_scores(lib, kv8, q.shape[-1]) else q
+def queries(lib, kv8: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The queries the kernels of this build score with."""
+    return rounded_queries(q) if native.int_scores(lib, kv8, q.shape[-1]) else q
 
 
 def test_integer_scores_where_the_cpu_has_vnni(native_lib):  # noqa: F811
     """The AVX-512 build on a VNNI CPU scores head sizes that are multiples of 64 in integers;
-    the AVX2 build and other head sizes stay float32."""
+    the AVX2 build, other head sizes and other caches stay float32."""
     from kvcli.model.large_gemm import cpuinfo
 
     kv8 = torch.zeros(2, 1, 1, 72, dtype=torch.uint8)
     vnni = "avx512_vnni" in cpuinfo()[1] and native.qint_variant(native_lib) == "avx512-vnni"
-    assert native.prefill_int_scores(native_lib, kv8, 64) == vnni
-    assert native.prefill_int_scores(native_lib, kv8, 128) == vnni
-    assert not native.prefill_int_scores(native_lib, kv8, 32)
-    assert not native.prefill_int_scores(native_lib, torch.zeros(2, 1, 1, 64), 64)
+    assert native.int_scores(native_lib, kv8, 64) == vnni
+    assert native.int_scores(native_lib, kv8, 128) == vnni
+    assert not native.int_scores(native_lib, kv8, 32)
+    assert not native.int_scores(native_lib, torch.zeros(2, 1, 1, 64), 64)
 
 
-def expected(lib, kv8, q, tables, computed, new, window, scale, meta) -> torch.Tensor:
-    """float64 attention over the codes: the decode kernel's rows with the float queries, the
-    many-row kernels' with the queries they attend with (many_row_queries)."""
-    cache = dequantize(kv8, q.shape[-1])
-    want = reference(many_row_queries(lib, kv8, q), cache, tables, computed, new, window, scale)
-    decode = meta.shared_decode.rest if meta.shared_decode is not None else meta.paged_decode
-    if decode is not None:
-        rows = decode.rows
-        want[rows] = reference(q, cache, tables, computed, new, window, scale)[rows]
-    return want
+def expected(lib, kv8, q, tables, computed, new, window, scale) -> torch.Tensor:
+    """float64 attention over the codes, with the queries the kernels score with."""
+    return reference(queries(lib, kv8, q), dequantize(kv8, q.shape[-1]), tables, computed, new,
+                     window, scale)
 
 
 def backend(lib) -> NativeInt8Backend:
@@ -115,7 +109,7 @@ def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, w
     assert meta.paged_decode is not None and meta.paged_prefill is not None
     scale = dim ** -0.5
     got = chosen.layer(LayerAttention(scale, window)).forward(q, k, v, kv8, meta)  # writes k, v
-    want = expected(native_lib, kv8, q, tables, computed, new, window, scale, meta)
+    want = expected(native_lib, kv8, q, tables, computed, new, window, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
@@ -143,7 +137,7 @@ def test_shared_prefix_decode_equals_float64_over_the_codes(threads, native_lib,
     meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
     assert meta.shared_decode is not None and meta.shared_decode.groups.shape[0] == 2
     got = chosen.layer(LayerAttention(dim ** -0.5)).forward(q, k, v, kv8, meta)
-    want = expected(native_lib, kv8, q, tables, computed, new, None, dim ** -0.5, meta)
+    want = expected(native_lib, kv8, q, tables, computed, new, None, dim ** -0.5)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 

@@ -7,9 +7,9 @@ prefix cache and the block bookkeeping move a block's codes and parameters toget
 New K/V are quantized as they are written (native ``kvcli_quantize_kv``); the decode,
 shared-prefix decode and prefill kernels read the codes in place (paged_attention_int8.c,
 prefill_attention_int8.c): no de-quantized copy of the cache is made. Where the CPU has
-AVX512-VNNI the many-row kernels (prefill, shared-prefix decode) score in integers: each query
-row rounded to int8 (one scale per row and head) against the keys' codes, 64 products per
-instruction (native/prefill_vnni.h); the values' side stays float32. The rows a step attends
+AVX512-VNNI the kernels score in integers: each query row rounded to int8 (one scale per row
+and head) against the keys' codes, 64 products per instruction (native/kv_int8.h,
+decode_vnni.h, prefill_vnni.h); the values' side stays float32. The rows a step attends
 are the same as the float32 route's (native_cpu.py's metadata), so only the K/V write and the
 kernels differ.
 
@@ -36,14 +36,17 @@ INT8_ROW_EXTRA = 8
 
 class NativeInt8Backend(NativeCPUBackend):
     name: ClassVar[str] = "native-cpu-int8kv"
-    decode: ClassVar[str] = "native paged, int8 KV"
 
     @property  # type: ignore[override]
-    def prefill(self) -> str:  # what the report names: the kernels' scores where VNNI has them
+    def decode(self) -> str:  # what the report names: the kernels' scores where VNNI has them
         probe = torch.empty(2, 1, 1, 64 + INT8_ROW_EXTRA, dtype=INT8_STORAGE)
-        if self.lib is not None and native.prefill_int_scores(self.lib, probe, 64):
+        if self.lib is not None and native.int_scores(self.lib, probe, 64):
             return "native paged, int8 KV, VNNI integer scores (head sizes % 64)"
         return "native paged, int8 KV"
+
+    @property  # type: ignore[override]
+    def prefill(self) -> str:
+        return self.decode
 
     @classmethod
     def accepts(cls, platform: Platform, layers: list[LayerAttention]) -> bool:

@@ -59,7 +59,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         fn.argtypes = [F32P, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4, ctypes.c_float,
                        I64]
         fn.restype = ctypes.c_int
-        fn = getattr(lib, f"kvcli_prefill_int_scores{suffix}")
+        fn = getattr(lib, f"kvcli_attention_int_scores{suffix}")
         fn.argtypes, fn.restype = [I64], I64
     lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 3]
     lib.kvcli_quantize_kv.restype = None
@@ -194,11 +194,11 @@ def paged_prefill_attention(
         raise MemoryError("paged prefill attention: out of memory for its work items")
 
 
-def prefill_int_scores(lib: ctypes.CDLL, kv_layer: torch.Tensor, head_dim: int) -> bool:
-    """Whether the many-row kernels (prefill, shared-prefix decode) over this cache round the
-    query rows to int8 for integer scores (the int8 cache where the CPU has AVX512-VNNI,
-    native/prefill_vnni.h); the values' side stays float32."""
-    return bool(_kernel(lib, "kvcli_prefill_int_scores", kv_layer)(head_dim))
+def int_scores(lib: ctypes.CDLL, kv_layer: torch.Tensor, head_dim: int) -> bool:
+    """Whether the attention kernels over this cache round each query row to int8 for integer
+    scores (the int8 cache where the CPU has AVX512-VNNI, native/kv_int8.h); the values' side
+    stays float32."""
+    return bool(_kernel(lib, "kvcli_attention_int_scores", kv_layer)(head_dim))
 
 
 def shared_decode_attention(

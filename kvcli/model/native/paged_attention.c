@@ -58,7 +58,13 @@ typedef struct {
     float *p;      /* [H, n]: scores, then exp(score - max) */
     float *qsum;   /* [3H]: sum(q) (a converted cache's bias term), 1 / softmax sum, and */
     float *inv, *bsum; /* sum_t p_t bias_t, per query head */
+    int8_t *qc;        /* [H, D]: the query heads rounded to int8 (integer scores), */
+    float *qs;         /* [H]: their scales */
 } scratch_t;
+
+#if defined(KV_INT8) && defined(KV8_INT_SCORES) && defined(__AVX512F__)
+#define INT_SCORES 1 /* kv_int8.h: the keys' codes meet int8 query rows in vpdpbusd */
+#endif
 
 #define AHEAD 8 /* tokens between a K row's prefetch and its use (16, 32: no faster) */
 
@@ -102,6 +108,10 @@ static AI void qk_block(const float *q, int64_t h0, const int nh, const int64_t 
         for (int j = 0; j < cnt; j++) p[(h0 + i) * n + t + j] = out[j];
     }
 }
+
+#if defined(INT_SCORES)
+#include "decode_vnni.h" /* qk_block_i8 */
+#endif
 
 /* Output chunk [c0, c0 + nv * VW) of query heads [h0, h0 + nh) (KV head g): sum_t p_t * sc_t *
  * u_t over the whole context, in registers; *bsum gets sum_t p_t bias_t per head. */
@@ -194,7 +204,7 @@ static void softmax_rows(float *p, int64_t H, int64_t n, float *inv) {
 /* Pass 1 over the context: every query head's scores, four tokens at a time. */
 static AI void scores_vec(const float *q, int64_t H, int64_t Hkv, const int64_t D, const kv_t *k,
                           const kv_t *v, const int64_t *rows, int64_t n, const float *qsum,
-                          float scale, float *p) {
+                          float scale, float *p, const int8_t *qc, const float *qs) {
     const int64_t group = H / Hkv, bytes = Hkv * kv_row(D) * (int64_t)sizeof(kv_t);
     for (int64_t t = 0; t < n; t += 4) {
         const int64_t cnt = n - t < 4 ? n - t : 4;
@@ -202,7 +212,14 @@ static AI void scores_vec(const float *q, int64_t H, int64_t Hkv, const int64_t 
         for (int64_t g = 0; g < Hkv; g++)
             for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += HC) {
                 const int64_t nh = (g + 1) * group - h0 < HC ? (g + 1) * group - h0 : HC;
+#if defined(INT_SCORES)
+#define QK(NH)                                                                                 \
+    if (qc) qk_block_i8(qc, qs, h0, NH, D, k, rows, t, cnt, g, qsum, scale, p, n);             \
+    else qk_block(q, h0, NH, D, k, rows, t, cnt, g, qsum, scale, p, n)
+#else
 #define QK(NH) qk_block(q, h0, NH, D, k, rows, t, cnt, g, qsum, scale, p, n)
+    (void)qc, (void)qs;
+#endif
                 CASES(QK)
 #undef QK
             }
@@ -245,15 +262,26 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
         for (int64_t d = 0; d < D; d++) total += q[hh * D + d];
         w->qsum[hh] = total;
     }
+    const int8_t *qc = NULL; /* the heads rounded to int8, where the scores are integer */
+#if defined(INT_SCORES)
+    if (kv8_int_scores(D)) {
+        for (int64_t hh = 0; hh < H; hh++) { /* sum(q) of the rounded row, as prefill_vnni.h */
+            int32_t codes;
+            w->qs[hh] = quantize_query(q + hh * D, D, w->qc + hh * D, &codes);
+            w->qsum[hh] = w->qs[hh] * (float)codes;
+        }
+        qc = w->qc;
+    }
+#endif
 #if defined(VECTORS)
     if (D % VW == 0) {
-        scores_vec(q, H, Hkv, D, j->k, j->v, w->rows, n, w->qsum, j->scale, w->p);
+        scores_vec(q, H, Hkv, D, j->k, j->v, w->rows, n, w->qsum, j->scale, w->p, qc, w->qs);
         softmax_rows(w->p, H, n, inv);
         values_vec(w->p, n, H, Hkv, D, j->v, w->rows, inv, bsum, o);
         return;
     }
 #endif
-    (void)bsum;
+    (void)bsum, (void)qc;
     for (int64_t t = 0; t < n; t++) qk_scalar(q, H, group, D, j->k, w->rows, t, w->qsum, j->scale, w->p, n);
     softmax_rows(w->p, H, n, inv);
     pv_scalar(w->p, n, H, group, D, j->v, w->rows, inv, o);
@@ -271,11 +299,12 @@ static void run_job(const void *jobs, int64_t t, int64_t n) {
         longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
     scratch_t w = {malloc(sizeof(int64_t) * longest),
                    malloc(sizeof(float) * j->num_heads * longest),
-                   malloc(sizeof(float) * j->num_heads * 3), NULL, NULL};
-    if (!w.rows || !w.p || !w.qsum) {
+                   malloc(sizeof(float) * j->num_heads * 4), NULL, NULL,
+                   malloc((size_t)(j->num_heads * j->head_dim)), NULL};
+    if (!w.rows || !w.p || !w.qsum || !w.qc) {
         j->status = 1;
     } else {
-        w.inv = w.qsum + j->num_heads, w.bsum = w.inv + j->num_heads;
+        w.inv = w.qsum + j->num_heads, w.bsum = w.inv + j->num_heads, w.qs = w.bsum + j->num_heads;
         void (*fn)(const job_t *, int64_t, scratch_t *) =
             j->head_dim == 64 ? attend_64 : j->head_dim == 128 ? attend_128 : attend_any;
         for (int64_t s = j->begin; s < j->end; s++) fn(j, s, &w);
@@ -283,6 +312,7 @@ static void run_job(const void *jobs, int64_t t, int64_t n) {
     free(w.rows);
     free(w.p);
     free(w.qsum);
+    free(w.qc);
 }
 
 /* Returns 0 on success, 1 when memory ran out. */

@@ -208,8 +208,8 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
 #endif
 }
 
-#if defined(KV_INT8) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define KV_VNNI 1 /* integer scores over the codes (prefill_vnni.h) */
+#if defined(KV_INT8) && defined(KV8_INT_SCORES)
+#define KV_VNNI 1 /* integer scores over the codes (kv_int8.h, prefill_vnni.h) */
 #endif
 
 #if defined(__AVX512F__) && (!defined(KV_CONVERTED) || defined(KV_VNNI))
@@ -262,20 +262,7 @@ static inline void load_panel(const job_t *j, int64_t D, const int64_t *at, floa
 }
 
 #if defined(KV_VNNI)
-#include "prefill_vnni.h"
-
-/* The panel's V rows widened into vb [KB][D] (their addresses in vrow), as load_key's. */
-static inline void load_values(const job_t *j, int64_t D, const int64_t *at, float *vb,
-                               const float **vrow) {
-    for (int64_t t = 0; t < KB; t++) {
-        float sc, bias;
-        const kv_t *vu = j->v + at[t];
-        kv_params(vu, D, &sc, &bias);
-        float *dst = vb + t * D;
-        for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
-        vrow[t] = dst;
-    }
-}
+#include "prefill_vnni.h" /* load_codes, load_values, scores_vnni */
 #endif
 
 /* Fetches the K and V rows of the panel at key positions [k0, k0 + KB) of `slots` into the
@@ -418,7 +405,7 @@ typedef struct { /* one thread's buffers, for QT x group rows */
 /* The item's m query rows (s->q) rounded to int8 where the integer scores serve them. */
 static qrows_t quantized_rows(const job_t *j, int64_t m, const scratch_t *s) {
 #if defined(KV_VNNI)
-    if (vnni_scores(j->D)) {
+    if (kv8_int_scores(j->D)) {
         for (int64_t i = 0; i < m; i++)
             s->qs[i] = quantize_query(s->q[i], j->D, s->qc + i * j->D, &s->qsum[i]);
         return (qrows_t){s->qc, s->qs, s->qsum};
@@ -535,10 +522,11 @@ static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
     return atomic_load(&job->status);
 }
 
-/* 1 where this build rounds query rows of head size D to int8 for their scores (prefill_vnni.h). */
-int64_t KV_NAME(kvcli_prefill_int_scores)(int64_t head_dim) {
+/* 1 where this build's attention kernels (these and paged_attention.c's) round query rows of
+ * head size D to int8 for integer scores (kv_int8.h). */
+int64_t KV_NAME(kvcli_attention_int_scores)(int64_t head_dim) {
 #if defined(KV_VNNI)
-    return vnni_scores(head_dim);
+    return kv8_int_scores(head_dim);
 #else
     (void)head_dim;
     return 0;

@@ -1,39 +1,15 @@
-/* Scores of the many-row attention kernels (prefill_attention.c's KV_INT8 build) over the int8
- * KV cache as integer dot products, where the compiler targets AVX512-VNNI. The float path
- * widens each key's codes and transposes them into a float panel, then spends a 16-lane FMA per
- * 16 keys and dimension; here each query row is rounded to int8 once per work item (one scale
- * per row and head, max|q| / 127, as the integer matmuls round activations), the panel's codes
- * are transposed as 4-byte groups (16 keys per register), and one vpdpbusd gives 64 products.
- * With a key's codes u, scale sk and bias bk (k = sk * u + bk, kv_int8.h) and the row's codes
- * qc with scale sq:
- *     q . k = sq * (sk * sum_d(qc_d * u_d) + bk * sum_d(qc_d))
- * Values (the softmax-weighted sum) stay float32. Head sizes that are a multiple of 64 (each
- * 64-byte piece of a key's codes is one register of the transposition). */
+/* Integer scores of the many-row attention kernels (prefill_attention.c's KV_INT8 build) where
+ * the CPU has AVX512-VNNI (kv_int8.h: the rule, the query rounding). The float path widens each
+ * key's codes and transposes them into a float panel, then spends a 16-lane FMA per 16 keys and
+ * dimension; here the panel's codes are transposed as 4-byte groups (16 keys per register) and
+ * one vpdpbusd gives 64 products of a query row's int8 codes with 16 keys' codes. Included once
+ * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB and transpose16. */
 #ifndef KVCLI_PREFILL_VNNI_H
 #define KVCLI_PREFILL_VNNI_H
 #include <immintrin.h>
 #include <string.h>
 
 #include "kv_int8.h"
-
-/* Whether rows of head size D take the integer scores. */
-static inline int vnni_scores(int64_t D) { return D % 64 == 0; }
-
-/* Query row x [D] to int8 codes qc; returns its scale and stores the codes' sum in *sum. */
-static inline float quantize_query(const float *x, int64_t D, int8_t *qc, int32_t *sum) {
-    __m512 mx = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + d)));
-    const float amax = _mm512_reduce_max_ps(mx);
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    __m512i s = _mm512_setzero_si512();
-    for (int64_t d = 0; d < D; d += 16) { /* round to nearest even, as the matmuls' quantizer */
-        const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + d), inv));
-        _mm_storeu_si128((__m128i *)(qc + d), _mm512_cvtsepi32_epi8(c));
-        s = _mm512_add_epi32(s, c);
-    }
-    *sum = _mm512_reduce_add_epi32(s);
-    return amax / 127.0f;
-}
 
 /* The panel's keys (rows at k + at[t], t < KB = 32) as codes transposed by 4-byte group:
  * kq[2 g + h] holds codes 4g .. 4g + 3 of keys 16h .. 16h + 15, one key per 32-bit lane; and
@@ -51,6 +27,18 @@ static inline void load_codes(const uint8_t *k, int64_t D, const int64_t *at, __
     for (int t = 0; t < 32; t++) kv8_params(k + at[t], D, &sk[t], &bk[t]);
 }
 
+/* The panel's V rows widened into vb [KB][D] (their addresses in vrow), as load_key's. */
+static inline void load_values(const job_t *j, int64_t D, const int64_t *at, float *vb,
+                               const float **vrow) {
+    for (int64_t t = 0; t < KB; t++) {
+        float sc, bias;
+        const kv_t *vu = j->v + at[t];
+        kv_params(vu, D, &sc, &bias);
+        float *dst = vb + t * D;
+        for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
+        vrow[t] = dst;
+    }
+}
 /* The raw dot products of RB query rows (codes qc[r], scale sq[r], code sum qs[r]) with the
  * panel's 32 keys, as scores() gives them from float rows. */
 static inline void scores_vnni(int64_t D, const int8_t *const *qc, const float *sq,
