@@ -9,7 +9,7 @@ shared-prefix decode and prefill kernels read the codes in place (paged_attentio
 prefill_attention_int8.c): no de-quantized copy of the cache is made. Where the CPU has
 AVX512-VNNI the kernels score in integers: each query row rounded to int8 (one scale per row
 and head) against the keys' codes, 64 products per instruction (native/kv_int8.h,
-decode_vnni.h, prefill_vnni.h); the values' side stays float32. The rows a step attends
+decode_vnni.h, prefill_scores.h); the values' side stays float32. The rows a step attends
 are the same as the float32 route's (native_cpu.py's metadata), so only the K/V write and the
 kernels differ.
 

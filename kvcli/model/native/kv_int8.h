@@ -23,7 +23,7 @@ static inline void kv8_params(const uint8_t *row, int64_t D, float *scale, float
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* Where the CPU has AVX512-VNNI the int8 cache's kernels score in integers (decode:
- * paged_attention.c; prefill and shared-prefix decode: prefill_vnni.h): each query row rounded
+ * paged_attention.c; prefill and shared-prefix decode: prefill_scores.h): each query row rounded
  * to int8 codes qc with one scale sq (max|q| / 127, to nearest even as the integer matmuls round
  * activations) meets the keys' uint8 codes in vpdpbusd, 64 products per instruction, and
  *     q . k = sk * sum_d(q_d * u_d) + bk * sum_d(q_d)  with  q_d ~ sq * qc_d.

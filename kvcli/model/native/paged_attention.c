@@ -265,7 +265,7 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
     const int8_t *qc = NULL; /* the heads rounded to int8, where the scores are integer */
 #if defined(INT_SCORES)
     if (kv8_int_scores(D)) {
-        for (int64_t hh = 0; hh < H; hh++) { /* sum(q) of the rounded row, as prefill_vnni.h */
+        for (int64_t hh = 0; hh < H; hh++) { /* sum(q) of the rounded row, as prefill_scores.h */
             int32_t codes;
             w->qs[hh] = quantize_query(q + hh * D, D, w->qc + hh * D, &codes);
             w->qsum[hh] = w->qs[hh] * (float)codes;

@@ -209,7 +209,7 @@ static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, fl
 }
 
 #if defined(KV_INT8) && defined(KV8_INT_SCORES)
-#define KV_VNNI 1 /* integer scores over the codes (kv_int8.h, prefill_vnni.h) */
+#define KV_VNNI 1 /* integer scores over the codes (kv_int8.h, prefill_scores.h) */
 #endif
 
 #if defined(__AVX512F__) && (!defined(KV_CONVERTED) || defined(KV_VNNI))
@@ -261,9 +261,7 @@ static inline void load_panel(const job_t *j, int64_t D, const int64_t *at, floa
     for (int64_t t = 0; t < KB; t++) load_key(j, D, at[t], t, kt, vb, &vrow[t]);
 }
 
-#if defined(KV_VNNI)
-#include "prefill_vnni.h" /* load_codes, load_values, scores_vnni */
-#endif
+#include "prefill_scores.h" /* qrows_t, panel_in, panel_scores: float or integer scores */
 
 /* Fetches the K and V rows of the panel at key positions [k0, k0 + KB) of `slots` into the
  * cache while the current panel is worked on. The rows lie where the block table put them, so
@@ -280,50 +278,6 @@ static inline void prefetch_panel(const job_t *j, const int64_t *slots, int64_t 
             __builtin_prefetch(vr + b, 0, 3);
         }
     }
-}
-
-/* Query rows rounded to int8 for the integer scores (c NULL: the float path): row i's codes at
- * c + i * D, its scale s[i] and code sum sum[i]. */
-typedef struct {
-    const int8_t *c;
-    const float *s;
-    const int32_t *sum;
-} qrows_t;
-
-/* The panel in the form its scores take: float K transposed (load_panel), or with quantized
- * rows the codes transposed as bytes into kt, each key's scale and bias, V widened. */
-static inline void panel_in(const job_t *j, int64_t D, const int64_t *at, float *kt, float *vb,
-                            const float **vrow, const qrows_t *qq, float *sk, float *bk) {
-#if defined(KV_VNNI)
-    if (qq->c) {
-        load_codes(j->k, D, at, (__m512i *)kt, sk, bk);
-        load_values(j, D, at, vb, vrow);
-        return;
-    }
-#endif
-    (void)qq, (void)sk, (void)bk;
-    load_panel(j, D, at, kt, vb, vrow);
-}
-
-/* Raw scores of rows i0 .. i0 + RB (of m; past m: row i0 again) against the panel. */
-static inline void panel_scores(int64_t D, const float *const *qs, const qrows_t *qq, int64_t i0,
-                                int64_t m, const float *kt, const float *sk, const float *bk,
-                                vf (*sv)[NV]) {
-#if defined(KV_VNNI)
-    if (qq->c) {
-        const int8_t *qc[RB];
-        float sq[RB];
-        int32_t su[RB];
-        for (int64_t r = 0; r < RB; r++) {
-            const int64_t i = i0 + r < m ? i0 + r : i0;
-            qc[r] = qq->c + i * D, sq[r] = qq->s[i], su[r] = qq->sum[i];
-        }
-        scores_vnni(D, qc, sq, su, (const __m512i *)kt, sk, bk, sv);
-        return;
-    }
-#endif
-    (void)qq, (void)i0, (void)m, (void)sk, (void)bk;
-    scores(D, qs, kt, sv);
 }
 
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online

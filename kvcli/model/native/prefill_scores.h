@@ -1,11 +1,15 @@
-/* Integer scores of the many-row attention kernels (prefill_attention.c's KV_INT8 build) where
- * the CPU has AVX512-VNNI (kv_int8.h: the rule, the query rounding). The float path widens each
- * key's codes and transposes them into a float panel, then spends a 16-lane FMA per 16 keys and
- * dimension; here the panel's codes are transposed as 4-byte groups (16 keys per register) and
- * one vpdpbusd gives 64 products of a query row's int8 codes with 16 keys' codes. Included once
- * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB and transpose16. */
-#ifndef KVCLI_PREFILL_VNNI_H
-#define KVCLI_PREFILL_VNNI_H
+/* How prefill_attention.c's many-row kernels load and score a panel of keys: the float path
+ * (load_panel, scores) or, in the KV_INT8 build where the CPU has AVX512-VNNI (kv_int8.h: the
+ * rule, the query rounding), integer scores. The float path widens each key's codes and
+ * transposes them into a float panel, then spends a 16-lane FMA per 16 keys and dimension; the
+ * integer one transposes the panel's codes by 4-byte groups (16 keys per register) and one
+ * vpdpbusd gives 64 products of a query row's int8 codes with 16 keys' codes. Included once
+ * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB, load_panel, scores and (integer
+ * scores) transpose16. */
+#ifndef KVCLI_PREFILL_SCORES_H
+#define KVCLI_PREFILL_SCORES_H
+
+#if defined(KV_VNNI)
 #include <immintrin.h>
 #include <string.h>
 
@@ -64,5 +68,50 @@ static inline void scores_vnni(int64_t D, const int8_t *const *qc, const float *
             out[r][c] = (vf)_mm512_mul_ps(dot, _mm512_set1_ps(sq[r]));
         }
     }
+}
+#endif
+
+/* Query rows rounded to int8 for the integer scores (c NULL: the float path): row i's codes at
+ * c + i * D, its scale s[i] and code sum sum[i]. */
+typedef struct {
+    const int8_t *c;
+    const float *s;
+    const int32_t *sum;
+} qrows_t;
+
+/* The panel in the form its scores take: float K transposed (load_panel), or with quantized
+ * rows the codes transposed as bytes into kt, each key's scale and bias, V widened. */
+static inline void panel_in(const job_t *j, int64_t D, const int64_t *at, float *kt, float *vb,
+                            const float **vrow, const qrows_t *qq, float *sk, float *bk) {
+#if defined(KV_VNNI)
+    if (qq->c) {
+        load_codes(j->k, D, at, (__m512i *)kt, sk, bk);
+        load_values(j, D, at, vb, vrow);
+        return;
+    }
+#endif
+    (void)qq, (void)sk, (void)bk;
+    load_panel(j, D, at, kt, vb, vrow);
+}
+
+/* Raw scores of rows i0 .. i0 + RB (of m; past m: row i0 again) against the panel. */
+static inline void panel_scores(int64_t D, const float *const *qs, const qrows_t *qq, int64_t i0,
+                                int64_t m, const float *kt, const float *sk, const float *bk,
+                                vf (*sv)[NV]) {
+#if defined(KV_VNNI)
+    if (qq->c) {
+        const int8_t *qc[RB];
+        float sq[RB];
+        int32_t su[RB];
+        for (int64_t r = 0; r < RB; r++) {
+            const int64_t i = i0 + r < m ? i0 + r : i0;
+            qc[r] = qq->c + i * D, sq[r] = qq->s[i], su[r] = qq->sum[i];
+        }
+        scores_vnni(D, qc, sq, su, (const __m512i *)kt, sk, bk, sv);
+        return;
+    }
+#endif
+    (void)qq, (void)i0, (void)m, (void)sk, (void)bk;
+    scores(D, qs, kt, sv);
 }
 #endif
