@@ -257,11 +257,6 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
         const int64_t pos = first + t;
         w->rows[t] = (table[pos / bs] * bs + pos % bs) * Hkv * kv_row(D);
     }
-    for (int64_t hh = 0; hh < H; hh++) {
-        float total = 0.0f;
-        for (int64_t d = 0; d < D; d++) total += q[hh * D + d];
-        w->qsum[hh] = total;
-    }
     const int8_t *qc = NULL; /* the heads rounded to int8, where the scores are integer */
 #if defined(INT_SCORES)
     if (kv8_int_scores(D)) {
@@ -273,6 +268,11 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
         qc = w->qc;
     }
 #endif
+    for (int64_t hh = 0; hh < H && !qc; hh++) { /* sum(q): a converted row's bias term */
+        float total = 0.0f;
+        for (int64_t d = 0; d < D; d++) total += q[hh * D + d];
+        w->qsum[hh] = total;
+    }
 #if defined(VECTORS)
     if (D % VW == 0) {
         scores_vec(q, H, Hkv, D, j->k, j->v, w->rows, n, w->qsum, j->scale, w->p, qc, w->qs);

@@ -189,17 +189,22 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, f
 
 /* Token t of a panel: its K row transposed into kt [D][KB], its V row's address (float: in
  * the cache; int8, bfloat16: widened into vb [KB][D]). `at` is the row's offset in the cache. */
+#if defined(KV_CONVERTED)
+/* The row at `at` of a converted cache widened into dst [D]: x = u * scale + bias. */
+static inline void widen_row(const kv_t *row, int64_t D, float *dst) {
+    float sc, bias;
+    kv_params(row, D, &sc, &bias);
+    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(row[d]) * sc + bias;
+}
+#endif
+
 static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, float *kt,
                             float *vb, const float **vrow) {
 #if defined(KV_CONVERTED)
-    float sc, bias;
-    const kv_t *ku = j->k + at, *vu = j->v + at;
-    kv_params(ku, D, &sc, &bias);
-    float *dst = vb + t * D; /* widened first (a vector loop), then transposed from L1 */
-    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(ku[d]) * sc + bias;
+    float *dst = vb + t * D; /* K widened first (a vector loop), then transposed from L1 */
+    widen_row(j->k + at, D, dst);
     for (int64_t d = 0; d < D; d++) kt[d * KB + t] = dst[d];
-    kv_params(vu, D, &sc, &bias);
-    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
+    widen_row(j->v + at, D, dst); /* then V into the same row */
     *vrow = dst;
 #else
     (void)vb;

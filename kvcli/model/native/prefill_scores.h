@@ -5,7 +5,7 @@
  * integer one transposes the panel's codes by 4-byte groups (16 keys per register) and one
  * vpdpbusd gives 64 products of a query row's int8 codes with 16 keys' codes. Included once
  * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB, load_panel, scores and (integer
- * scores) transpose16. */
+ * scores) transpose16 and widen_row. */
 #ifndef KVCLI_PREFILL_SCORES_H
 #define KVCLI_PREFILL_SCORES_H
 
@@ -35,14 +35,11 @@ static inline void load_codes(const uint8_t *k, int64_t D, const int64_t *at, __
 static inline void load_values(const job_t *j, int64_t D, const int64_t *at, float *vb,
                                const float **vrow) {
     for (int64_t t = 0; t < KB; t++) {
-        float sc, bias;
-        const kv_t *vu = j->v + at[t];
-        kv_params(vu, D, &sc, &bias);
-        float *dst = vb + t * D;
-        for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(vu[d]) * sc + bias;
-        vrow[t] = dst;
+        widen_row(j->v + at[t], D, vb + t * D);
+        vrow[t] = vb + t * D;
     }
 }
+
 /* The raw dot products of RB query rows (codes qc[r], scale sq[r], code sum qs[r]) with the
  * panel's 32 keys, as scores() gives them from float rows. */
 static inline void scores_vnni(int64_t D, const int8_t *const *qc, const float *sq,
