@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "pool.h"
+#include "vexp.h"
 
 #if defined(KV_INT8) || defined(KV_BF16)
 #include "kv_rows.h"
@@ -175,18 +176,12 @@ static void pv_scalar(const float *p, int64_t n, int64_t H, int64_t group, int64
     }
 }
 
-/* dst[t] = expf(src[t] - shift). Out of line with a runtime count, so the loop vectorizer
- * calls glibc's vector expf. */
-__attribute__((noinline)) static void exp_shifted(float *x, float shift, int64_t n) {
-    for (int64_t t = 0; t < n; t++) x[t] = expf(x[t] - shift);
-}
-
 /* Each head's softmax numerators in place; inv[hh] = 1 / their sum. */
 static void softmax_rows(float *p, int64_t H, int64_t n, float *inv) {
     for (int64_t hh = 0; hh < H; hh++) {
         float *row = p + hh * n, top = row[0], sum = 0.0f;
         for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;
-        exp_shifted(row, top, n);
+        exp_shifted(row, top, row, n);
         for (int64_t t = 0; t < n; t++) sum += row[t];
         inv[hh] = 1.0f / sum;
     }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "pool.h"
+#include "vexp.h"
 
 /* KV_INT8 or KV_BF16 (prefill_attention_int8.c, _bf16.c): the cache holds int8 or bfloat16
  * rows (kv_rows.h). Each 32-key panel is widened to float as it is transposed, and its V rows
@@ -116,13 +117,6 @@ static inline float sum32(const float *x) {
     return s;
 }
 #endif
-
-/* dst[t] = expf(src[t] - shift). Out of line with a runtime count, so the loop vectorizer
- * calls glibc's vector expf (a fixed 16 is unrolled into 16 scalar calls instead). */
-__attribute__((noinline)) static void exp_shifted(const float *src, float shift, float *dst,
-                                                  int64_t n) {
-    for (int64_t t = 0; t < n; t++) dst[t] = expf(src[t] - shift);
-}
 
 #if defined(__AVX512F__)
 #define RB 4 /* query rows scored together: 8 multiply-add chains of one register each */
