@@ -115,8 +115,16 @@ static inline __attribute__((always_inline)) void block_rows(const qgemm_args *a
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qgemm_factored.h"
+#endif
+/* AVX-512 builds take the factored path (256-bit) up to 8 rows only: on Zen 4 it ran the default
+ * model's 210 GGUF matrices in 0.82-0.92x the tile path's time at 1-4 rows, 0.93 at 8 (one of three
+ * alternations 1.05), and the tile path's 2-channel tiles win above (scripts/bench_qgemm_builds.py). */
+#if defined(__AVX512F__)
+#define FACTORED_MAX_ROWS 8
+#else
+#define FACTORED_MAX_ROWS INT64_MAX
 #endif
 
 /* Part t of n: whole groups of NR channels, the last part the channels left over. At most
@@ -129,7 +137,7 @@ static inline __attribute__((always_inline)) void qgemm_part(const qgemm_args *a
     const int64_t groups = a->N / NR, g0 = groups * t / n_threads, g1 = groups * (t + 1) / n_threads;
     const int64_t end = t == n_threads - 1 ? a->N : g1 * NR;
 #if defined(FACTORED)
-    if (type != I8) {
+    if (type != I8 && a->M <= FACTORED_MAX_ROWS) {
         factored_part(a, type, g0 * NR, end);
         return;
     }

@@ -1,7 +1,6 @@
 /* GGUF blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) against 1-64 activation rows on AVX2
- * (qgemm.c: decode steps and the exact GGUF mode's short prefills). Included by qgemm.c only in
- * AVX2 builds without AVX-512: the AVX-512 build keeps the tile path (this was measured on a
- * Zen 3 only).
+ * (qgemm.c: decode steps and the exact GGUF mode's short prefills). AVX-512 builds take it up to
+ * qgemm.c's FACTORED_MAX_ROWS rows (measured on Zen 4), their 2-channel tile path above.
  *
  * The tile path de-quantizes each weight (d * q + m) before its multiply-add: ~44 instructions
  * per 32 weights at one row, and its 16 registers hold only 4 rows. Here each group of 32
