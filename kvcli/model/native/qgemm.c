@@ -118,14 +118,27 @@ static inline __attribute__((always_inline)) void block_rows(const qgemm_args *a
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qgemm_factored.h"
 #endif
-/* AVX-512 builds take the factored path (256-bit) up to 8 rows only: on Zen 4 it ran the default
- * model's 210 GGUF matrices in 0.82-0.92x the tile path's time at 1-4 rows, 0.93 at 8 (one of three
- * alternations 1.05), and the tile path's 2-channel tiles win above (scripts/bench_qgemm_builds.py). */
+/* AVX-512 builds take the factored path (Q4_0, Q4_1, Q8_0 16 floats a register, the k-quants 8)
+ * up to 16 rows: on Zen 4 it ran the default model's 210 GGUF matrices in 0.56-0.80x the tile
+ * path's time at 1-2 rows, ~0.9x at 4-12, 0.83x at 16 (where the tile path goes channel by
+ * channel), but 1.15-1.18x at 32-64, where the tile path's 2-channel tiles share activation
+ * loads (scripts/bench_qgemm_builds.py, alternated). */
 #if defined(__AVX512F__)
-#define FACTORED_MAX_ROWS 8
+#define FACTORED_MAX_ROWS 16
 #else
 #define FACTORED_MAX_ROWS INT64_MAX
 #endif
+
+/* The types the factored path serves: not kvcli's int8 (its scale is per channel already), and
+ * on AVX-512 not Q4_K, whose tile path ran 4 Llama-3.2-1B-shaped layers 1.11-1.15x faster at
+ * 1 row (Q5_K 0.90x, Q6_K 0.79-0.84x factored). */
+static inline int factored_type(const int type) {
+#if defined(__AVX512F__)
+    return type != I8 && type != Q4_K;
+#else
+    return type != I8;
+#endif
+}
 
 /* Part t of n: whole groups of NR channels, the last part the channels left over. At most
  * ONE_CHANNEL_ROWS rows (decode steps) the channels go one at a time: NR channels per tile save
@@ -137,7 +150,7 @@ static inline __attribute__((always_inline)) void qgemm_part(const qgemm_args *a
     const int64_t groups = a->N / NR, g0 = groups * t / n_threads, g1 = groups * (t + 1) / n_threads;
     const int64_t end = t == n_threads - 1 ? a->N : g1 * NR;
 #if defined(FACTORED)
-    if (type != I8 && a->M <= FACTORED_MAX_ROWS) {
+    if (factored_type(type) && a->M <= FACTORED_MAX_ROWS) {
         factored_part(a, type, g0 * NR, end);
         return;
     }

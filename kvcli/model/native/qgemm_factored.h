@@ -108,11 +108,80 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+/* y[i + r, n] = dots[r] + lane r of macc (the m * sum(x) terms) + bias, r < mr. */
+static inline __attribute__((always_inline)) void store_channel(const qgemm_args *a, int64_t i,
+                                                                const int mr, int64_t n,
+                                                                const float *dots, __m256 macc) {
+    float mterm[FR];
+    _mm256_storeu_ps(mterm, macc);
+    for (int r = 0; r < mr; r++)
+        a->y[(i + r) * a->N + n] = dots[r] + mterm[r] + (a->bias ? a->bias[n] : 0.0f);
+}
+
+#if defined(__AVX512F__)
+/* Q4_0, Q4_1, Q8_0 on AVX-512: a group's 32 codes in two 16-float vectors (the nibbles: one
+ * widening load, then the low and high halves; 5 instructions where group() takes 11), its
+ * scale and minimum in d, m. Rows' sums are 2 products per lane (group()'s path: 4). */
+static inline __attribute__((always_inline)) void group16(const int type, const uint8_t *row,
+                                                          int64_t g, __m512 w[2], float *d,
+                                                          float *m) {
+    const uint8_t *p = row + g * block_bytes(type);
+    const __m128 dm = halves(p);
+    *d = _mm_cvtss_f32(dm);
+    *m = type == Q4_1 ? _mm_cvtss_f32(_mm_movehdup_ps(dm)) : type == Q4_0 ? -8.0f * *d : 0.0f;
+    if (type == Q8_0) {
+        for (int j = 0; j < 2; j++)
+            w[j] = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 2 + 16 * j))));
+        return;
+    }
+    const __m512i v = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128((const __m128i *)(p + (type == Q4_1 ? 4 : 2))));
+    w[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+
+/* factored_tile for those three types, 16 floats a register. */
+static inline __attribute__((always_inline)) void factored_tile16(const qgemm_args *a,
+                                                                  const int type, int64_t i,
+                                                                  const int mr, int64_t n,
+                                                                  const float *xs) {
+    const uint8_t *w = a->w + n * (a->K / 32 * block_bytes(type));
+    const float *x = a->x + i * a->K;
+    __m512 acc[FR];
+    __m256 macc = _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < a->K / 32; g++) {
+        __m512 wv[2];
+        float d, m;
+        group16(type, w, g, wv, &d, &m);
+        const __m512 dv = _mm512_set1_ps(d);
+        for (int r = 0; r < mr; r++) {
+            const float *xr = x + r * a->K + 32 * g;
+            const __m512 s = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), wv[1],
+                                             _mm512_mul_ps(_mm512_loadu_ps(xr), wv[0]));
+            acc[r] = _mm512_fmadd_ps(dv, s, acc[r]);
+        }
+        if (type != Q8_0)
+            macc = _mm256_fmadd_ps(_mm256_set1_ps(m), _mm256_loadu_ps(xs + g * FR), macc);
+    }
+    float dots[FR];
+    for (int r = 0; r < mr; r++) dots[r] = _mm512_reduce_add_ps(acc[r]);
+    store_channel(a, i, mr, n, dots, macc);
+}
+#endif
+
 /* Rows [i, i + mr) x channel n; xs[g * FR + r]: the sum of row i + r's group g. */
 static inline __attribute__((always_inline)) void factored_tile(const qgemm_args *a,
                                                                 const int type, int64_t i,
                                                                 const int mr, int64_t n,
                                                                 const float *xs) {
+#if defined(__AVX512F__)
+    if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
+        factored_tile16(a, type, i, mr, n, xs);
+        return;
+    }
+#endif
     const int64_t groups = a->K / 32;
     const uint8_t *w = a->w + n * (a->K / block_elems(type) * block_bytes(type));
     const float *x = a->x + i * a->K;
@@ -138,13 +207,9 @@ static inline __attribute__((always_inline)) void factored_tile(const qgemm_args
         if (type != Q8_0 && type != Q6_K)
             macc = _mm256_fmadd_ps(_mm256_set1_ps(sc[2]), _mm256_loadu_ps(xs + g * FR), macc);
     }
-    float mterm[FR];
-    _mm256_storeu_ps(mterm, macc);
-    for (int r = 0; r < mr; r++) {
-        float y = hsum8(acc[r]) + mterm[r];
-        if (a->bias) y += a->bias[n];
-        a->y[(i + r) * a->N + n] = y;
-    }
+    float dots[FR];
+    for (int r = 0; r < mr; r++) dots[r] = hsum8(acc[r]);
+    store_channel(a, i, mr, n, dots, macc);
 }
 
 /* xs [tiles][groups][FR]: each row's sums of 32 values, rows past M zero. */
