@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import itertools
 import os
 import pickle
@@ -43,6 +42,7 @@ from kvcli.batch.source import RawLine, count_lines, iter_lines
 from kvcli.batch.summary import RunCounters, build_summary, format_summary
 from kvcli.batch.writer import CompressedSink, FdSink, LineSink, ResultWriter, open_sink
 from kvcli.compression import suffix_kind
+from kvcli.engine import engine_class
 from kvcli.numbers import plural
 from kvcli.reasoning import resolve as resolve_reasoning
 from kvcli.structured.tools import tool_call_format
@@ -55,7 +55,7 @@ def load_engine(cfg: GenerateConfig) -> Any:
     a --device or --kv-cache-memory this machine cannot meet ResourceError naming the flag."""
     from safetensors import SafetensorError
 
-    LLMEngine = _engine_class()
+    LLMEngine = engine_class()
     check_engine_options(cfg.engine)
     try:
         return LLMEngine.from_config(cfg.engine)
@@ -66,23 +66,6 @@ def load_engine(cfg: GenerateConfig) -> Any:
         if err.errno == errno.ENOMEM:  # an mmap or allocation the kernel refused
             raise ValueError(describe_load_failure(MemoryError())) from None
         raise
-
-
-def _engine_class() -> Any:
-    """The engine's class. The first import of torch makes ~10^6 objects that live as long
-    as the process; the collector's full passes over them (3 while importing, 0.2-0.3 s of
-    start-up) find nothing, so they are collected never: paused for the import, then frozen
-    (only reference cycles made by the import itself are never freed)."""
-    first = "torch" not in sys.modules
-    if first:
-        gc.disable()
-    try:
-        from kvcli.engine.llm_engine import LLMEngine
-    finally:
-        if first:
-            gc.freeze()
-            gc.enable()
-    return LLMEngine
 
 
 def describe_load_failure(err: BaseException) -> str:

@@ -23,9 +23,11 @@ from kvcli.bench.kvcli_rows import KvcliRow, load_row
 from kvcli.bench.measure import RssTracker
 from kvcli.bench.peer_serve import serve, status_kib
 from kvcli.bench.workloads import BenchConfigError
+from kvcli.engine import engine_class
 
 
 def load(args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    engine_class()  # torch imported as `kvcli generate` imports it (its objects frozen)
     import torch
 
     if args.get("threads"):
