@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from kvcli.commands.options import engine_config, engine_options
+from kvcli.engine import engine_class
 
 
 @click.command()
@@ -58,8 +59,8 @@ def _measure(text: str, opts: dict[str, Any]) -> tuple[Any, str | None, str, str
     """The perplexity, the weights that ran (``auto`` resolved: gguf, int8 or None), the
     precision the engine ran at (Backend.precision_label) and its KV cache (auto, or the one
     the preset chose)."""
+    LLMEngine = engine_class()  # before anything imports torch: as `kvcli generate` imports it
     from kvcli.bench.perplexity import perplexity
-    from kvcli.engine.llm_engine import LLMEngine
 
     try:
         engine = LLMEngine.from_config(engine_config(opts))

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kvcli.engine import engine_class
 from kvcli.engine.config import EngineConfig
 
 MIN_SLICE_S = 0.02
@@ -52,9 +53,8 @@ class WorkerInfo:
 
 class EngineWorker:
     def __init__(self, config: EngineConfig, num_threads: int = 1) -> None:
+        LLMEngine = engine_class()  # torch imported as `kvcli generate` imports it
         import torch
-
-        from kvcli.engine.llm_engine import LLMEngine
 
         torch.set_num_threads(max(1, num_threads))  # the actor's CPU share, not the node's
         self.engine = LLMEngine.from_config(config)

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def engine_class() -> Any:
-    """The engine's class, for the processes that run it (`kvcli generate`, serve, the bench's
-    own rows). The first import of torch makes ~10^6 objects that live as long as the process;
+    """The engine's class, for the processes that run it (`kvcli generate`, serve, perplexity,
+    the bench's own rows, Ray's engine workers). The first import of torch makes ~10^6 objects that live as long as the process;
     the collector's full passes over them (3 while importing, 0.2-0.3 s of start-up, and ~0.3 s
     more over a 9 s batch) find nothing, so they are collected never: paused for the import,
     then frozen (only reference cycles made by the import itself are never freed)."""

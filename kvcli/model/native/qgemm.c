@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void block_rows(const qgemm_args *a
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "qgemm_factored.h"
 #endif
-/* AVX-512 builds take the factored path (Q4_0, Q4_1, Q8_0 16 floats a register, the k-quants 8)
+/* AVX-512 builds take the factored path (Q4_0, Q4_1, Q8_0 16 floats a register, Q5_K and Q6_K 8)
  * up to 16 rows: on Zen 4 it ran the default model's 210 GGUF matrices in 0.56-0.80x the tile
  * path's time at 1-2 rows, ~0.9x at 4-12, 0.83x at 16 (where the tile path goes channel by
  * channel), but 1.15-1.18x at 32-64, where the tile path's 2-channel tiles share activation
