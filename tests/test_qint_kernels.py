@@ -164,6 +164,24 @@ def test_variants_agree_and_leading_dims_are_kept(variant):
     assert torch.allclose(got, reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(lib is None or not _runs("amx-int8") or not _runs("avx512-vnni"),
+                    reason="this CPU lacks AMX-INT8")
+@pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, I8, Q4_K, Q5_K, Q6_K])
+@pytest.mark.parametrize("rows", [16, 17, 47, 300])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_amx_equals_vnni_bit_for_bit(kind, rows, threads, monkeypatch):
+    """AMX tiles sum the same integers and fold them in the VNNI tile's order (qint_amx.h): whole
+    16-row tiles on AMX, the rest of the rows on VNNI. K = 2,048 makes 300 rows three AMX panels
+    (128 rows); 53 channels leave a partial group."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", threads)
+    weight, _ = gguf_weight(kind, 53, 2048, seed=rows + kind)
+    x = torch.from_numpy(np.random.default_rng(rows).standard_normal((rows, 2048)).astype(np.float32))
+    bias = torch.randn(53)
+    vnni = pack(weight, replace(process_routes(), int_matmul="avx512-vnni")).linear(x, bias)
+    amx = pack(weight, replace(process_routes(), int_matmul="amx-int8")).linear(x, bias)
+    assert torch.equal(amx, vnni)
+
+
 @pytest.mark.parametrize("kind", [Q8_0, Q6_K])  # Q6_K: a Q4_K_M file's output layer
 def test_embedding_rows_come_from_the_gguf_bytes(kind):
     weight, dense = gguf_weight(kind, 20, 256, seed=1)
@@ -182,7 +200,7 @@ def test_unsupported_types_and_variants_are_refused(monkeypatch):
                                          r"\(use --quantization gguf\)"):
         pack(q5_0, routes)
     monkeypatch.setenv("KVCLI_QINT_ISA", "sse2")
-    with pytest.raises(ValueError, match="expected one of avx512-vnni"):
+    with pytest.raises(ValueError, match="expected one of amx-int8, avx512-vnni"):
         native.qint_variant(lib)
     monkeypatch.setenv("KVCLI_QINT_ISA", "avx512-vnni")
     monkeypatch.setenv("KVCLI_NATIVE_ISA", "avx2")  # the AVX2-only CPU this build stands for

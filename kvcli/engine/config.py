@@ -80,8 +80,8 @@ class EngineConfig:
     precision: str = option(
         "exact", choices=PRECISIONS,
         help="exact: float32, greedy outputs equal transformers'; fast: the fastest measured "
-             "combination on this CPU (float weights: bfloat16 where it has AMX-BF16, else "
-             "int8 on the integer kernels, else bfloat16 where native, else float32; with "
+             "combination on this CPU (float weights: int8 on the integer kernels, else "
+             "bfloat16 where native, else float32; with "
              "--quantization its weights; an int8 KV cache where the native kernels run); "
              "--stats names the choice "
              "(kvcli/model/precision.py).")

@@ -16,8 +16,9 @@ Measured on a Xeon with AMX-BF16 (2 vCPUs, loaded; docs/BENCHMARKS.md 2026-12-02
 ``auto`` and ``fast`` do not choose it. A ``vdpbf16ps`` kernel was slower than oneDNN's AMX at
 every row count there, so AMX CPUs keep oneDNN; on Zen 4 (no AMX) oneDNN's bf16 calls cost
 ~100-400 us each whatever their size and kvcli's kernel is 1.3-3x faster per decode step.
-``fast`` prefers int8 weights on the integer kernels to bfloat16 wherever there is no AMX
-(half the bytes, VNNI's twice the multiply-adds per instruction; measured faster on Zen 4).
+``fast`` prefers int8 weights on the integer kernels to bfloat16 wherever it may quantize (half
+the bytes, integer multiply-adds; measured faster on Zen 4, and on a Xeon with AMX than oneDNN's
+AMX-BF16: 1.4-1.8x on the batched workloads, 8x at batch 1, docs/BENCHMARKS.md 2026-12-06).
 ``fast`` also takes an int8 KV cache where the native kernels run (:func:`_fast_kv`).
 """
 
@@ -143,8 +144,8 @@ def fast_choice(device: str, quantization: str | None = None,
     with their own activations (float32; int8 for gguf-int, and for int8 where the integer
     kernels run); which quantized weights ``auto`` loads under fast (a GGUF's integer-kernel
     types: gguf-int) is checkpoint/quant_modes.py's ``auto_mode``, decided before loading.
-    ``may_quantize`` (``--quantization auto``): float weights may become int8 where the CPU has
-    no AMX-BF16. The KV cache is int8 wherever the native kernels run (:func:`_fast_kv`)."""
+    ``may_quantize`` (``--quantization auto``): float weights may become int8 wherever the
+    integer kernels run. The KV cache is int8 wherever the native kernels run (:func:`_fast_kv`)."""
     if not _is_cpu(device):
         return Precision("fast", "float32", f"{device}: fast is measured on CPUs only")
     return replace(_fast_weights(quantization, may_quantize), kv_cache=_fast_kv())
@@ -164,14 +165,14 @@ def _fast_weights(quantization: str | None, may_quantize: bool) -> Precision:
         return Precision("fast", "float32", "quantized weights are their own format",
                          quantization)
     flags = cpu_flags()
+    if may_quantize and native.qint_available(native.load()):  # AMX or not: measured faster
+        return Precision("fast", "float32", "int8 weights on the integer kernels: half "
+                         "bfloat16's bytes, integer multiply-adds (Zen 4 without AMX: faster "
+                         "than bf16 on every workload; Xeon with AMX: 1.4-1.8x oneDNN's bf16 "
+                         "on the batched workloads, 8x at batch 1)", "int8")
     if "amx_bf16" in flags:
         return Precision("fast", "bfloat16", "AMX-BF16: oneDNN bf16 matmuls with float32 sums, "
                          "about half float32's CPU time where rows are many")
-    if may_quantize and native.qint_available(native.load()):  # vector dot products only
-        return Precision("fast", "float32", "no AMX-BF16 on this CPU: int8 weights on the "
-                         "integer kernels, half bfloat16's bytes and twice vdpbf16ps's "
-                         "multiply-adds per instruction (Zen 4: faster than bf16 on every "
-                         "workload; Xeon: decode-1 2.7x, prefill 1.7x float32)", "int8")
     if _has("bfloat16", _FAST, flags):
         return Precision("fast", "bfloat16", "AVX512_BF16: the native vdpbf16ps kernel, float32 "
                          "sums (faster than float32 at every row count measured)")

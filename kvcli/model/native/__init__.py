@@ -83,13 +83,16 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qint_quantize.argtypes = [F32P, F32P, F32P, F32P, I64, I64]
     lib.kvcli_qint_gemm.restype = lib.kvcli_qint_pack.restype = ctypes.c_int
     lib.kvcli_qint_packed_bytes.restype = lib.kvcli_qint_variants.restype = I64
+    lib.kvcli_qint_amx_ready.restype = I64
     lib.kvcli_qint_quantize.restype = None
     return lib
 
 
 # The integer matmul's variants (qint.c's index) and the /proc/cpuinfo flags each needs, best
 # first. KVCLI_NATIVE_ISA=avx2 stands for an AVX2-only CPU (Zen 3), so it gets the AVX2 one.
-QINT_VARIANTS = {"avx512-vnni": (0, ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+QINT_VARIANTS = {"amx-int8": (3, ("amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl",
+                              "avx512_vnni")),
+                 "avx512-vnni": (0, ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
                  "avx-vnni": (1, ("avx2", "fma", "f16c", "avx_vnni")),
                  "avx2": (2, ("avx2", "fma", "f16c"))}
 
@@ -107,7 +110,8 @@ def qint_variant(lib: ctypes.CDLL) -> str:
     CPU lacks it), else the best the CPU's flags allow. ValueError: none (not x86 AVX2)."""
     cpu = set(_cpu_flags().split())
     runs = [name for name, (index, needs) in QINT_VARIANTS.items()
-            if index < lib.kvcli_qint_variants() and set(needs) <= cpu]
+            if index < lib.kvcli_qint_variants() and set(needs) <= cpu
+            and (name != "amx-int8" or lib.kvcli_qint_amx_ready())]
     if os.environ.get("KVCLI_NATIVE_ISA") == "avx2":
         runs = [name for name in runs if name == "avx2"]
     wanted = os.environ.get("KVCLI_QINT_ISA")

@@ -34,7 +34,7 @@ SOURCES = tuple(_HERE / n
 # once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
 HEADERS = tuple(_HERE / n for n in ("pool.h", "f32_vec.h", "qblocks.h", "qint_kernel.h",
                                     "qint_layout.h", "kv_int8.h", "kv_rows.h", "decode_vec.h",
-                                    "qgemm_factored.h", "qint_nibble_avx2.h",
+                                    "qgemm_factored.h", "qint_nibble_avx2.h", "qint_amx.h",
                                     "prefill_scores.h", "decode_vnni.h", "paged_attention.c",
                                     "vexp.h"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ

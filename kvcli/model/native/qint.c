@@ -33,11 +33,16 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "pool.h"
 #include "qint_layout.h"
 
 #define TILE_GROUPS_512 2 /* groups per AVX-512 register tile (qint_kernel.h) */
+#define AMX_ROWS 16       /* rows per AMX tile (qint_amx.h) */
 
 /* The weight offset the integer sums carry (w = d * (byte - off) + m): Q4_0's 8, the byte
  * types' 128 (their bytes are w + 128), except on AVX2, whose byte path multiplies the signed
@@ -171,12 +176,16 @@ static inline int64_t panel_rows(const int64_t K, const int64_t tile) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define QINT_VARIANTS 3
+#define QINT_VARIANTS 4
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #define QV 0
 #include "qint_kernel.h"
 #undef QV
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#include "qint_amx.h"
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avxvnni,avx2,fma,f16c")
@@ -203,7 +212,9 @@ static int type_index(const int64_t type) {
     {part_q4_0_##v, part_q4_1_##v, part_q8_0_##v, part_i8_##v, part_q4_k_##v, part_q5_k_##v,    \
      part_q6_k_##v}
 static task_fn part_fn(int64_t variant, int64_t type) {
-    static const task_fn fns[3][7] = {QINT_PARTS(vnni512), QINT_PARTS(avxvnni), QINT_PARTS(avx2)};
+    static const task_fn fns[4][7] = {QINT_PARTS(vnni512), QINT_PARTS(avxvnni), QINT_PARTS(avx2),
+                                      {part_q4_0_amx, part_q4_1_amx, part_q8_0_amx, part_i8_amx,
+                                       part_q4_k_amx, part_q5_k_amx, part_q6_k_vnni512}};
     return fns[variant][type_index(type)];
 }
 #undef QINT_PARTS
@@ -215,8 +226,19 @@ static task_fn part_fn(int64_t variant, int64_t type) {
 }
 #endif
 
-/* How many variants this build has (0: none, not x86): 0 AVX512-VNNI, 1 AVX-VNNI, 2 AVX2. */
+/* How many variants this build has (0: none, not x86): 0 AVX512-VNNI, 1 AVX-VNNI, 2 AVX2,
+ * 3 AMX-INT8. */
 int64_t kvcli_qint_variants(void) { return QINT_VARIANTS; }
+
+/* Whether this process may use AMX tiles: Linux hands out their state only on request (else the
+ * first tile instruction faults), once per process. 1 granted, 0 not (or not Linux / x86). */
+int64_t kvcli_qint_amx_ready(void) {
+#if defined(__linux__) && defined(__x86_64__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 
 /* Rows at least this many quantize their activations on the pool too. */
 #define QUANT_PARALLEL_ROWS 16
@@ -227,6 +249,7 @@ int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t
                     const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t threads) {
     if (!qint_known(type) || K % 32 || variant < 0 || variant >= QINT_VARIANTS) return -1;
+    if (variant == 3 && M < AMX_ROWS) variant = 0; /* no whole AMX tile: the same sums on VNNI */
     const int64_t kb = K / 32;
     const int halves = type == Q6_K; /* two offset terms per block (see the header) */
     /* one allocation: q (M x K bytes, rounded to 64) then d, s and o (M x K/32 of 4 bytes each;
@@ -241,7 +264,7 @@ int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t
     kvcli_parallel(quant_part, &qa, M >= QUANT_PARALLEL_ROWS ? threads : 1, 0);
     const qint_args a = {q, d, s, bias, o, w, y, M, N, K};
     /* parts are whole register tiles of channels (AVX-512: two groups) */
-    const int64_t per = variant == 0 ? TILE_GROUPS_512 : 1;
+    const int64_t per = variant == 0 || variant == 3 ? TILE_GROUPS_512 : 1;
     const int64_t tiles = ((N + GROUP - 1) / GROUP + per - 1) / per;
     if (threads > tiles) threads = tiles;
     kvcli_parallel(part_fn(variant, type), &a, threads,
