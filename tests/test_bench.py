@@ -149,6 +149,42 @@ def test_run_workload_alternates_and_computes_speedups():
     assert "float32 GEMM" in format_table({**doc, "machine": machine, "model": "m"})
 
 
+class _Broken(_Scripted):
+    """A peer whose server stops answering at its second timed run."""
+
+    def run(self, prompts, max_new_tokens):
+        if self.calls.count(self.name) == 2:
+            raise ConnectionError("server gone")
+        return super().run(prompts, max_new_tokens)
+
+
+class _NoStart(_Prepared):
+    def prepare(self, prompts, max_new_tokens):
+        raise RuntimeError("llama-server did not start")
+
+
+def test_a_failing_peer_becomes_its_rows_error_and_the_others_still_run():
+    calls: list[str] = []
+    systems = [_Scripted("kvcli", calls), _Broken("vllm", calls), _NoStart("llamacpp", calls),
+               _Scripted("openvino", calls)]
+    messages: list[str] = []
+    doc = run_workload(Workload("x", "d", [[1], [2]], 3), systems, 3, messages.append)
+    assert "llamacpp" not in calls and calls.count("kvcli") == calls.count("openvino") == 4
+    assert calls.count("vllm") == 2  # warm-up and run 1; run 2 failed, run 3 not tried
+    assert [e["name"] for e in doc["systems"]] == ["kvcli", "vllm", "llamacpp", "openvino"]
+    kv, vllm, llama, ov = doc["systems"]
+    assert vllm["error"] == "run 2: ConnectionError: server gone" and "wall_s" not in vllm
+    assert llama["error"] == "prepare: RuntimeError: llama-server did not start"
+    assert ov["outputs_match"] and set(doc["speedup"]) == {"openvino"}
+    assert any("vllm failed" in m and "the other systems go on" in m for m in messages)
+    machine = {"processor": "x", "cpu_count": 2, "threads": 2, "torch": "t", "transformers": "t"}
+    table = format_table({**doc, "machine": machine, "model": "m"})
+    assert "llamacpp failed at prepare: RuntimeError: llama-server did not start" in table
+    broken_reference = [_NoStart("kvcli", calls), _Scripted("openvino", calls)]
+    with pytest.raises(RuntimeError, match="did not start"):  # no reference, no bench
+        run_workload(Workload("x", "d", [[1]], 3), broken_reference, 1, messages.append)
+
+
 def test_percentile_and_rss_tracker():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0

@@ -42,6 +42,8 @@ def _cell(entry: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def _match_cell(entry: dict[str, Any], reference: bool) -> str:
+    if "error" in entry:
+        return "failed (below)"
     if reference:
         return "reference"
     cell = f"{entry['outputs_matching']}/{entry['outputs_total']}"
@@ -84,7 +86,8 @@ def format_table(doc: dict[str, Any]) -> str:
     foot = [f"kvcli speedup over {peer}: {ratio:.2f}x (median runs {doc['speedup_median'][peer]:.2f}x)"
             for peer, ratio in doc["speedup"].items()]
     foot += [_agreement_line(e, doc["systems"][0]) for e in doc["systems"][1:]
-             if not e.get("exact", True)]
+             if not e.get("exact", True) and "error" not in e]
+    foot += [f"{e['name']} failed at {e['error']}" for e in doc["systems"] if "error" in e]
     foot += _shared_rss_line(doc["systems"])
     kind = f" ({machine['cpu_kind']})" if machine.get("cpu_kind") else ""
     foot.append(f"machine: {machine.get('cpu_model', machine['processor'])}{kind}, "
@@ -113,7 +116,7 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
         xs, ys = [], []
         for j, doc in enumerate(docs):
             entry = next((e for e in doc["systems"] if e["name"] == name), None)
-            if entry is not None:
+            if entry is not None and "error" not in entry:
                 xs.append(j + (i - (len(names) - 1) / 2) * width)
                 ys.append(entry["output_tok_s"])
         bars = ax.bar(xs, ys, width, label=name)

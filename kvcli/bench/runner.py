@@ -62,34 +62,43 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
     if systems[0].name != KVCLI:
         raise ValueError("systems: kvcli must come first (it is the reference)")
     load_start, speed_start = load_average(), float32_gflops()
+    guard = PeerGuard(workload.name, progress)
     for system in systems:  # per-workload allocations that the peers make at load (untimed)
         prepare = getattr(system, "prepare", None)
         if prepare is not None:
-            prepare(workload.prompts, workload.max_new_tokens)
+            guard(system, "prepare", prepare, workload.prompts, workload.max_new_tokens)
     if warmup:
         for system in systems:
             progress(f"[{workload.name}] warm-up {system.name}")
-            system.run(workload.prompts[:WARMUP_PROMPTS],
-                       min(WARMUP_NEW_TOKENS, workload.max_new_tokens))
+            guard(system, "warm-up", system.run, workload.prompts[:WARMUP_PROMPTS],
+                  min(WARMUP_NEW_TOKENS, workload.max_new_tokens))
     runs: dict[str, list[TimedRun]] = {s.name: [] for s in systems}
     for r in range(repeat):
         shift = r % len(systems)
         for system in systems[shift:] + systems[:shift]:
+            if system.name in guard.failed:
+                continue
             progress(f"[{workload.name}] run {r + 1}/{repeat} {system.name} "
                      f"({len(workload.prompts)} prompts, load {load_average()})")
-            timed = timed_run(system, workload.prompts, workload.max_new_tokens)
-            runs[system.name].append(timed)
-            progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
+            timed = guard(system, f"run {r + 1}", timed_run, system, workload.prompts,
+                          workload.max_new_tokens)
+            if timed is not None:
+                runs[system.name].append(timed)
+                progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
+    for name in guard.failed:
+        del runs[name]
     reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
     exact = {s.name: getattr(s, "exact", True) for s in systems}
     # Each row's precision: kvcli's from its engine, the peers' as they are run (float32).
     precision = {s.name: {"precision": getattr(s, "precision", "float32"),
                           "weights": getattr(s, "weights_kind", "float32")} for s in systems}
-    entries = [{**system_entry(name, timed, workload, reference, exact[name]),
-                **precision[name]} for name, timed in runs.items()]
+    entries = [{"name": s.name, "error": guard.failed[s.name], **precision[s.name]}
+               if s.name in guard.failed else
+               {**system_entry(s.name, runs[s.name], workload, reference, exact[s.name]),
+                **precision[s.name]} for s in systems]
     best = {name: min(t.wall_s for t in timed) for name, timed in runs.items()}
     median = {name: statistics.median(t.wall_s for t in timed) for name, timed in runs.items()}
-    peers = [s.name for s in systems[1:]]
+    peers = [s.name for s in systems[1:] if s.name in runs]
     return {
         "workload": workload.name,
         "description": workload.description,
@@ -107,6 +116,30 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
         "speedup": {p: round(best[p] / best[KVCLI], 3) for p in peers},
         "speedup_median": {p: round(median[p] / median[KVCLI], 3) for p in peers},
     }
+
+
+class PeerGuard:
+    """Runs one step of a system; a peer's failure (a server that does not start, a crash, a
+    lost connection) becomes its row's error for the rest of the workload and the other
+    systems go on, so one broken peer never costs the others' measurements. kvcli's own
+    failure ends the bench: it is the reference."""
+
+    def __init__(self, workload: str, progress: Progress) -> None:
+        self.workload, self.progress = workload, progress
+        self.failed: dict[str, str] = {}
+
+    def __call__(self, system: BenchSystem, stage: str, call: Any, *args: Any) -> Any:
+        if system.name in self.failed:
+            return None
+        try:
+            return call(*args)
+        except Exception as exc:  # any peer failure: recorded on its row, the rest still run
+            if system.name == KVCLI:
+                raise
+            self.failed[system.name] = f"{stage}: {type(exc).__name__}: {exc}"
+            self.progress(f"[{self.workload}] {system.name} failed ({self.failed[system.name]}); "
+                          "the other systems go on")
+            return None
 
 
 def first_divergence(output: list[int], reference: list[int]) -> int | None:
