@@ -56,7 +56,8 @@ def test_integer_scores_where_the_cpu_has_vnni(native_lib):  # noqa: F811
     from kvcli.model.large_gemm import cpuinfo
 
     kv8 = torch.zeros(2, 1, 1, 72, dtype=torch.uint8)
-    vnni = "avx512_vnni" in cpuinfo()[1] and native.qint_variant(native_lib) == "avx512-vnni"
+    vnni = "avx512_vnni" in cpuinfo()[1] and native.qint_variant(native_lib) in ("avx512-vnni",
+                                                                                "amx-int8")
     assert native.int_scores(native_lib, kv8, 64) == vnni
     assert native.int_scores(native_lib, kv8, 128) == vnni
     assert not native.int_scores(native_lib, kv8, 32)
