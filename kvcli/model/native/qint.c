@@ -176,17 +176,24 @@ static inline int64_t panel_rows(const int64_t K, const int64_t tile) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+/* AMX intrinsics: GCC 11 and clang 12 on; an older compiler builds the other three variants. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QINT_VARIANTS 4
+#else
+#define QINT_VARIANTS 3
+#endif
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #define QV 0
 #include "qint_kernel.h"
 #undef QV
 #pragma GCC pop_options
+#if QINT_VARIANTS > 3
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #include "qint_amx.h"
 #pragma GCC pop_options
+#endif
 #pragma GCC push_options
 #pragma GCC target("avxvnni,avx2,fma,f16c")
 #define QV 1
@@ -212,9 +219,13 @@ static int type_index(const int64_t type) {
     {part_q4_0_##v, part_q4_1_##v, part_q8_0_##v, part_i8_##v, part_q4_k_##v, part_q5_k_##v,    \
      part_q6_k_##v}
 static task_fn part_fn(int64_t variant, int64_t type) {
-    static const task_fn fns[4][7] = {QINT_PARTS(vnni512), QINT_PARTS(avxvnni), QINT_PARTS(avx2),
-                                      {part_q4_0_amx, part_q4_1_amx, part_q8_0_amx, part_i8_amx,
-                                       part_q4_k_amx, part_q5_k_amx, part_q6_k_vnni512}};
+    static const task_fn fns[QINT_VARIANTS][7] = {
+        QINT_PARTS(vnni512), QINT_PARTS(avxvnni), QINT_PARTS(avx2),
+#if QINT_VARIANTS > 3
+        {part_q4_0_amx, part_q4_1_amx, part_q8_0_amx, part_i8_amx, part_q4_k_amx, part_q5_k_amx,
+         part_q6_k_vnni512},
+#endif
+    };
     return fns[variant][type_index(type)];
 }
 #undef QINT_PARTS
