@@ -84,17 +84,7 @@ static AMX_AI void amx_store(const qint_args *a, const int type, const int64_t i
                                  : _mm512_set1_ps(1.0f);
     const __m512 bias = a->bias && full ? _mm512_loadu_ps(a->bias + n0) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int r = 0; r < AMX_ROWS; r++) {
-        float *y = a->y + (i + r) * a->N + n0;
-        const __m512 v = _mm512_fmadd_ps(acc[r], dw, bias);
-        if (full) {
-            _mm512_storeu_ps(y, v);
-            continue;
-        }
-        float out[GROUP];
-        _mm512_storeu_ps(out, v);
-        for (int ch = 0; n0 + ch < a->N; ch++) y[ch] = out[ch] + (a->bias ? a->bias[n0 + ch] : 0.0f);
-    }
+    for (int r = 0; r < AMX_ROWS; r++) store_row_vnni512(a, i + r, n0, _mm512_fmadd_ps(acc[r], dw, bias));
 }
 
 /* Block b's product into sum tile T from activation tile A and weight tile B, stored to c. */

@@ -178,6 +178,19 @@ static AI void QN(block_sums)(const int type, const uint8_t *w, const int64_t gs
     }
 }
 
+/* Row r's outputs of channels [n0, n0 + CH), v (with the bias where the vector is whole): the
+ * channels past N of the last group are dropped, their bias added lane by lane. */
+static AI void QN(store_row)(const qint_args *a, const int64_t r, const int64_t n0, const qvf v) {
+    float *y = a->y + r * a->N + n0;
+    if (n0 + CH <= a->N) {
+        STOREF(y, v);
+        return;
+    }
+    float out[CH];
+    STOREF(out, v);
+    for (int c = 0; n0 + c < a->N; c++) y[c] = out[c] + (a->bias ? a->bias[n0 + c] : 0.0f);
+}
+
 /* Rows [i, i + mr) x nv channel vectors from group g (AVX-512: groups g, g + 1; else half h of
  * group g), over the whole K. Per 32-value block the integer sums of each row start at
  * -off * sum(qx) (qint.c's o), so the float work per block is one conversion and
@@ -224,17 +237,7 @@ static AI void QN(tile)(const qint_args *a, const int type, const int64_t i, con
         const int full = n0 + CH <= a->N;
         const qvf dw = type == I8 ? LOADF(a->w + (g + j) * gs + qsb + h * CH * 4) : SETF(1.0f);
         const qvf bias = a->bias && full ? LOADF(a->bias + n0) : ZEROF();
-        for (int r = 0; r < mr; r++) {
-            float *y = a->y + (i + r) * a->N + n0;
-            const qvf v = FMA(acc[r][j], dw, bias);
-            if (full) {
-                STOREF(y, v);
-                continue;
-            }
-            float out[CH];
-            STOREF(out, v);
-            for (int c = 0; n0 + c < a->N; c++) y[c] = out[c] + (a->bias ? a->bias[n0 + c] : 0.0f);
-        }
+        for (int r = 0; r < mr; r++) QN(store_row)(a, i + r, n0, FMA(acc[r][j], dw, bias));
     }
 }
 
