@@ -52,6 +52,9 @@ class Precision:
     reason: str
     quantization: str | None = None  # --quantization's weights (int8, gguf) run instead
     kv_cache: str | None = None  # fast's KV cache where --kv-cache-dtype is auto (int8)
+    # fast on integer-kernel weights: the dtype of the copy their many-row (prefill) matmuls
+    # run from (bfloat16 on AMX-BF16: :func:`_fast_prefill`); None: every row count integer.
+    prefill: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -63,19 +66,23 @@ class Precision:
         """``exact: float32 weights (why)``, for the backend report."""
         weights = (f"{self.quantization} weights, {activations(self.quantization)}"
                    if self.quantization else f"{self.weights} weights")
+        prefill = f", {self.prefill} prefill matmuls" if self.prefill else ""
         kv = f", {self.kv_cache} KV cache" if self.kv_cache else ""
-        return f"{self.preset}: {weights}{kv} ({self.reason})"
+        return f"{self.preset}: {weights}{prefill}{kv} ({self.reason})"
 
     def describe(self) -> dict[str, str]:
         """For ``--stats``, the bench JSON and ``Backend.describe()``."""
         return {"precision": self.preset, "weights": self.weights, "why": self.reason}
 
 
+INT8_ACTIVATIONS = "int8 activations per 32 values"  # the integer kernels' (qint.c)
+
+
 def activations(quantization: str) -> str:
     """What a quantized model's matmuls multiply its weights with (quant/apply.py decides)."""
     if quantization == "gguf-int" or (quantization == "int8" and native.qint_available(
             native.load())):
-        return "int8 activations per 32 values"
+        return INT8_ACTIVATIONS
     return "float32 activations"
 
 
@@ -111,6 +118,11 @@ def bf16_kernel() -> str:
     # AMX tiles out-compute vdpbf16ps many times over (oneDNN beat a vdpbf16ps kernel at every
     # row count on a Xeon with AMX-BF16, docs/BENCHMARKS.md), so they keep oneDNN.
     return "onednn" if why_not or "amx_bf16" in cpu_flags() else "avx512-bf16"
+
+
+def native_bf16() -> bool:
+    """Whether kvcli's AVX512_BF16 code (bf16_gemm.c) may run here."""
+    return not _native_refusal()
 
 
 def _native_refusal() -> str:
@@ -151,6 +163,22 @@ def fast_choice(device: str, quantization: str | None = None,
     return replace(_fast_weights(quantization, may_quantize), kv_cache=_fast_kv())
 
 
+def _fast_prefill(quantization: str) -> str | None:
+    """fast's prefill on integer-kernel weights: "bfloat16" where the CPU has AMX-BF16, whose
+    tiles multiply a bfloat16 copy of the weights (oneDNN) faster than the integer kernels at
+    many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.9x AMX-INT8 at 1,024 rows, 1.7x at
+    128, slower below ~96; docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_FAST_PREFILL=int8
+    keeps every row count integer; =bfloat16 asks for the copy wherever bf16 is native."""
+    if activations(quantization) != INT8_ACTIVATIONS:
+        return None  # float32 activations (gguf): no integer kernels to stand in for
+    wanted, flags = os.environ.get("KVCLI_FAST_PREFILL", ""), cpu_flags()
+    if wanted not in ("", "int8", "bfloat16"):
+        raise PrecisionError(f"KVCLI_FAST_PREFILL={wanted!r}: expected int8 or bfloat16")
+    if wanted == "bfloat16" and _has("bfloat16", _NATIVE, flags):
+        return "bfloat16"
+    return "bfloat16" if not wanted and "amx_bf16" in flags else None
+
+
 def _fast_kv() -> str | None:
     """fast's KV cache on the CPU: int8 where the native kernels read it in place (a
     quarter of float32's bytes a decode step streams; Zen 4, gguf-int weights, the bench's
@@ -163,13 +191,14 @@ def _fast_weights(quantization: str | None, may_quantize: bool) -> Precision:
     """fast's matmul weights on the CPU (fast_choice's)."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
-                         quantization)
+                         quantization, prefill=_fast_prefill(quantization))
     flags = cpu_flags()
     if may_quantize and native.qint_available(native.load()):  # AMX or not: measured faster
         return Precision("fast", "float32", "int8 weights on the integer kernels: half "
                          "bfloat16's bytes, integer multiply-adds (Zen 4 without AMX: faster "
                          "than bf16 on every workload; Xeon with AMX: 1.4-1.8x oneDNN's bf16 "
-                         "on the batched workloads, 8x at batch 1)", "int8")
+                         "on the batched workloads, 8x at batch 1)", "int8",
+                         prefill=_fast_prefill("int8"))
     if "amx_bf16" in flags:
         return Precision("fast", "bfloat16", "AMX-BF16: oneDNN bf16 matmuls with float32 sums, "
                          "about half float32's CPU time where rows are many")

@@ -67,6 +67,9 @@ class KernelRoutes:
     # --quantization gguf-int / int8: the integer matmul variant its weights run
     # (native.qint_variant, chosen once per model when they are packed); "" for other models.
     int_matmul: str = ""
+    # fast on AMX-BF16 (Precision.prefill): integer-kernel matmuls of at least this many rows
+    # run their weights' bfloat16 copy through oneDNN (quant/int_weights.py); 0: never.
+    bf16_prefill_rows: int = 0
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -139,7 +142,9 @@ class KernelRoutes:
             matmul = (f"{name} weights pre-packed for {_NARROW_KERNELS[kernel]} "
                       "(model/packed.py; float32 sums and activations)")
         if self.int_matmul:
-            matmul = (f"quantized weights: int8 activations, {self.int_matmul} (every row count); "
+            rows = (f"below {self.bf16_prefill_rows} rows; from {self.bf16_prefill_rows} a "
+                    "bfloat16 copy through oneDNN" if self.bf16_prefill_rows else "every row count")
+            matmul = (f"quantized weights: int8 activations, {self.int_matmul} ({rows}); "
                       f"float weights: {matmul}")
         return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}
 

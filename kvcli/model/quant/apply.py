@@ -19,7 +19,7 @@ from kvcli.model.layers import Embedding, Linear, install_routes
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_weights
-from kvcli.model.quant.int_weights import IntWeight, pack
+from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, IntWeight, pack
 from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 
 
@@ -55,8 +55,9 @@ def _finish(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def quantize_int8_model(model: nn.Module) -> nn.Module:
-    """Every Linear (and the embedding, tied output layer included) to per-channel int8."""
+def quantize_int8_model(model: nn.Module, prefill: str | None = None) -> nn.Module:
+    """Every Linear (and the embedding, tied output layer included) to per-channel int8;
+    ``prefill``: see :func:`_pack_model`."""
     for module in list(model.modules()):
         if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
             _set_linear_weight(module, quantize_int8(module.weight))
@@ -65,7 +66,7 @@ def quantize_int8_model(model: nn.Module) -> nn.Module:
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
     if native.qint_available(model.routes.native):  # else float32 activations (qgemm.c, torch)
-        _pack_model(model)
+        _pack_model(model, prefill)
     return _finish(model)
 
 
@@ -79,25 +80,31 @@ def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
     return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
 
 
-def _pack_model(model: nn.Module) -> None:
+def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
     """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
-    the model's routes then name (chosen here, once, from the CPU's flags)."""
+    the model's routes then name (chosen here, once, from the CPU's flags). ``prefill``
+    "bfloat16" (fast on AMX-BF16, precision.py): each Linear's matrix also keeps a bfloat16
+    copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (the embedding does not:
+    its output-layer matmuls have the sampled rows only)."""
     lib = model.routes.native
     if lib is None:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
                          "KVCLI_NATIVE not 0, CPU float32)")
     try:
-        routes = replace(model.routes, int_matmul=native.qint_variant(lib))
+        routes = replace(model.routes, int_matmul=native.qint_variant(lib),
+                         bf16_prefill_rows=BF16_PREFILL_ROWS if prefill == "bfloat16" else 0)
     except ValueError as err:
         raise QuantError(f"--quantization gguf-int: {err}") from None
     model.routes = routes
     install_routes(model, routes)
     for module in model.modules():
         weight = getattr(module, "weight", None)
+        wide = routes.bf16_prefill_rows > 0 and not isinstance(module, QuantEmbedding)
         if isinstance(weight, StackedWeight):
-            weight.parts = [pack(p, routes) for p in weight.parts]
+            weight.parts = [pack(p, routes, wide=wide) for p in weight.parts]
         elif isinstance(weight, QuantWeight):
-            packed = pack(weight, routes, keep_source=isinstance(module, QuantEmbedding))
+            packed = pack(weight, routes, keep_source=isinstance(module, QuantEmbedding),
+                          wide=wide)
             if isinstance(module, QuantEmbedding):
                 module.weight = packed
             else:
@@ -105,9 +112,11 @@ def _pack_model(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def load_gguf_model(model: nn.Module, path: Path, integer: bool = False) -> nn.Module:
+def load_gguf_model(model: nn.Module, path: Path, integer: bool = False,
+                    prefill: str | None = None) -> nn.Module:
     """Fill an empty model (``loader.build_model``) from the GGUF at ``path``; ``integer``:
-    repacked for the integer-activation kernels (``--quantization gguf-int``)."""
+    repacked for the integer-activation kernels (``--quantization gguf-int``), ``prefill``:
+    see :func:`_pack_model`."""
     params = dict(model.named_parameters())
     pending: dict[str, dict[int, QuantWeight]] = {}
     loaded: set[str] = set()
@@ -137,7 +146,7 @@ def load_gguf_model(model: nn.Module, path: Path, integer: bool = False) -> nn.M
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
     if integer:
-        _pack_model(model)
+        _pack_model(model, prefill)
     model = _finish(model)
     weights.release_pages()
     return model

@@ -8,6 +8,11 @@ decode, prefill), quantizes its activations to int8 per 32 values and sums in in
 with the instruction-set variant the model's routes chose (``KernelRoutes.int_matmul``). Only
 the embedding keeps its GGUF bytes too, for its row look-ups; the other source matrices are
 dropped (they are views of the memory-mapped file, so nothing is copied for them).
+
+Under ``--precision fast`` on a CPU with AMX-BF16 each Linear's matrix also keeps a bfloat16
+copy of its own values (model/packed.py, oneDNN's layout), which its matmuls of
+``BF16_PREFILL_ROWS`` rows or more run instead: AMX-BF16 tiles sum over the whole K with no
+per-block folding, where AMX-INT8's sums must be scaled and added per 32-value block.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvcli.model import native
+from kvcli.model.packed import PackedWeight
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.weights import (
     I8,
@@ -31,6 +37,12 @@ from kvcli.model.quant.weights import (
 )
 from kvcli.model.routes import KernelRoutes
 
+# Row count from which fast's bfloat16 copy runs (Xeon with AMX, one SmolLM2-135M layer's four
+# matmuls, 2 threads, ms: 64 rows 0.79 integer vs 0.84 bf16; 128 rows 2.10 vs 1.27; 1,024
+# 12.9 vs 6.9; docs/BENCHMARKS.md 2026-12-07).
+BF16_PREFILL_ROWS = 128
+# oneDNN's layout of that copy is chosen for prefill chunks (1,024 rows: 1.2x 32's at 512).
+_WIDE_ROWS_HINT = 1024
 INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
              I8: "int8"}
 
@@ -45,19 +57,24 @@ class IntWeight(_AsArray):
     variant: int  # qint.c's index of the routes' variant (native.QINT_VARIANTS)
     source: QuantWeight | None = None  # kept for row look-ups (the embedding) only
     routes: KernelRoutes | None = field(default=None, repr=False)
+    wide: PackedWeight | None = field(default=None, repr=False)  # fast's bf16 copy (AMX)
 
     dtype = torch.float32
     device = torch.device("cpu")
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() + (self.source.nbytes if self.source is not None else 0)
+        wide = 0 if self.wide is None else 2 * self.shape[0] * self.shape[1]
+        return self.packed.numel() + wide + (self.source.nbytes if self.source is not None else 0)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
                routes: KernelRoutes | None = None) -> torch.Tensor:
         """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``, every row count."""
-        lib = (routes or self.routes).native  # type: ignore[union-attr]
+        routes = routes or self.routes
         lead, (out_features, in_features) = x.shape[:-1], self.shape
+        if self.wide is not None and x.numel() >= routes.bf16_prefill_rows * in_features:
+            return self.wide.linear(x, bias)
+        lib = routes.native  # type: ignore[union-attr]
         x2 = x.reshape(-1, in_features).float().contiguous()
         y = x2.new_empty((x2.shape[0], out_features))
         b = None if bias is None else bias.float().contiguous()
@@ -78,8 +95,10 @@ class IntWeight(_AsArray):
         return self.source.dequantize(rows, routes or self.routes)
 
 
-def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False) -> IntWeight:
-    """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant)."""
+def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
+         wide: bool = False) -> IntWeight:
+    """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant);
+    ``wide``: with a bfloat16 copy of its de-quantized values for ``routes``' many-row calls."""
     if weight.kind not in INT_TYPES:
         runs = ", ".join(name for kind, name in INT_TYPES.items() if kind != I8)
         raise QuantError(f"--quantization gguf-int runs {runs} weights; this model has GGML "
@@ -97,5 +116,9 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False) -
                            out_features, in_features):
         raise QuantError(f"gguf-int: cannot repack {INT_TYPES[weight.kind]} {weight.shape}")
     variant = native.QINT_VARIANTS[routes.int_matmul][0]
+    copy = None
+    if wide and routes.bf16_prefill_rows:
+        dense = weight.dequantize(routes=routes).to(torch.bfloat16)
+        copy = PackedWeight.of(dense, _WIDE_ROWS_HINT)
     return IntWeight(weight.kind, packed, weight.shape, variant,
-                     weight if keep_source else None, routes)
+                     weight if keep_source else None, routes, copy)

@@ -1,0 +1,108 @@
+"""fast's bfloat16 prefill on integer-kernel weights (precision._fast_prefill, quant/int_weights.py):
+on a CPU with AMX-BF16 each quantized Linear keeps a bfloat16 copy of its own values, which its
+matmuls of BF16_PREFILL_ROWS rows or more run through oneDNN; fewer rows stay integer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from test_precision import BF16_CPU, with_flags
+from test_qint_kernels import gguf_weight
+
+from kvcli.engine.kv_disk import weights_form
+from kvcli.engine.llm import LLM
+from kvcli.model import native
+from kvcli.model.packed import PackedWeight
+from kvcli.model.precision import PrecisionError, resolve_precision
+from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, pack
+from kvcli.model.quant.weights import Q4_1
+from kvcli.model.routes import process_routes
+from kvcli.sampling_params import SamplingParams
+
+ZEN4 = {"avx512f", "avx512_bf16", "avx512_vnni"}  # native bf16, no AMX
+INTEGER = native.qint_available(native.load())
+ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+needs_both = pytest.mark.skipif(not (INTEGER and ONEDNN_BF16),
+                                reason="needs the integer kernels and oneDNN's bfloat16")
+
+
+def test_fast_takes_bf16_prefill_on_amx_only(monkeypatch):
+    monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    with_flags(monkeypatch, BF16_CPU)
+    for mode in ("gguf-int", "int8"):
+        chosen = resolve_precision("fast", None, "cpu", quantization=mode)
+        assert chosen.prefill == ("bfloat16" if INTEGER else None), chosen
+    assert resolve_precision("fast", None, "cpu", quantization="gguf").prefill is None  # f32 math
+    assert resolve_precision("exact", None, "cpu", quantization="gguf-int").prefill is None
+    if INTEGER:
+        assert "bfloat16 prefill matmuls" in resolve_precision(
+            "fast", None, "cpu", quantization="gguf-int").label
+        assert resolve_precision("fast", None, "cpu", may_quantize=True).prefill == "bfloat16"
+    with_flags(monkeypatch, ZEN4)  # not measured faster there: integers at every row count
+    assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill is None
+
+
+def test_kvcli_fast_prefill_overrides_and_is_checked(monkeypatch):
+    with_flags(monkeypatch, BF16_CPU)
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "int8")
+    assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill is None
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "bfloat16")
+    with_flags(monkeypatch, ZEN4)
+    assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill == (
+        "bfloat16" if INTEGER else None)
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "fp8")
+    with pytest.raises(PrecisionError, match="KVCLI_FAST_PREFILL='fp8'"):
+        resolve_precision("fast", None, "cpu", quantization="gguf-int")
+
+
+@needs_both
+def test_many_rows_run_the_bf16_copy_and_few_the_integers():
+    weight, dense = gguf_weight(Q4_1, 48, 64, seed=3)
+    routes = replace(process_routes(), int_matmul=native.qint_variant(native.load()),
+                     bf16_prefill_rows=8)
+    plain, wide = pack(weight, routes), pack(weight, routes, wide=True)
+    assert plain.wide is None and isinstance(wide.wide, PackedWeight)
+    assert wide.nbytes == plain.nbytes + 2 * 48 * 64
+    few, many = torch.randn(7, 64), torch.randn(2, 4, 64)  # 8 rows in a [2, 4] batch
+    assert torch.equal(wide.linear(few, None), plain.linear(few, None))
+    got = wide.linear(many, None)
+    rounded = torch.from_numpy(dense).bfloat16().float()
+    expect = (many.bfloat16().float() @ rounded.T).bfloat16().float()  # oneDNN's bf16 out
+    assert got.shape == (2, 4, 48)
+    torch.testing.assert_close(got, expect, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(got, plain.linear(many, None))
+    bias = torch.randn(48)
+    torch.testing.assert_close(wide.linear(many, bias), got + bias, rtol=0, atol=1e-6)
+
+
+@needs_both
+def test_the_native_conversions_equal_torchs():
+    packed = PackedWeight.of(torch.randn(40, 72).bfloat16())
+    x, bias = torch.randn(33, 72), torch.randn(40)
+    expect = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed.packed, None, "none", [],
+                                                "").float() + bias
+    assert torch.equal(packed.linear(x, bias), expect)
+
+
+@needs_both
+def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models, monkeypatch):
+    monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    with_flags(monkeypatch, BF16_CPU)
+    llm = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
+    assert llm.engine.model.routes.bf16_prefill_rows == BF16_PREFILL_ROWS
+    assert "bfloat16 prefill matmuls" in llm.engine.runner.backend.describe()["precision"]
+    assert weights_form(llm.engine.config, llm.engine.model) == "int8 with bfloat16 prefill"
+    calls: list[int] = []
+    run = PackedWeight.linear
+    monkeypatch.setattr(PackedWeight, "linear",
+                        lambda self, x, bias, routes=None: calls.append(x.numel()) or run(
+                            self, x, bias))
+    prompt = [(7 * i) % 200 + 3 for i in range(BF16_PREFILL_ROWS + 9)]
+    out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4 and calls  # the long prefill took the copy
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "int8")
+    plain = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
+    assert plain.engine.model.routes.bf16_prefill_rows == 0
+    assert weights_form(plain.engine.config, plain.engine.model) == "int8"
