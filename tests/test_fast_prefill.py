@@ -78,15 +78,6 @@ def test_many_rows_run_the_bf16_copy_and_few_the_integers():
 
 
 @needs_both
-def test_the_native_conversions_equal_torchs():
-    packed = PackedWeight.of(torch.randn(40, 72).bfloat16())
-    x, bias = torch.randn(33, 72), torch.randn(40)
-    expect = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed.packed, None, "none", [],
-                                                "").float() + bias
-    assert torch.equal(packed.linear(x, bias), expect)
-
-
-@needs_both
 def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models, monkeypatch):
     monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
     with_flags(monkeypatch, BF16_CPU)

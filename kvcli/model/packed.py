@@ -28,7 +28,7 @@ from torch import nn
 
 from kvcli.model import native
 from kvcli.model.layers import Linear
-from kvcli.model.precision import bf16_kernel, native_bf16
+from kvcli.model.precision import bf16_kernel
 
 ROWS_HINT = 32  # the row count oneDNN chooses the blocked layout for (1 and 1,024 within 10%)
 _P = ctypes.c_void_p
@@ -44,15 +44,7 @@ def _lib() -> ctypes.CDLL | None:
     lib.kvcli_bf16_gemm.restype = ctypes.c_int
     lib.kvcli_bf16_pack.argtypes = [_P, _P, *[ctypes.c_int64] * 2]
     lib.kvcli_bf16_pack.restype = None
-    lib.kvcli_f32_to_bf16.argtypes = [_P, _P, *[ctypes.c_int64] * 3]
-    lib.kvcli_bf16_to_f32.argtypes = [_P, _P, _P, *[ctypes.c_int64] * 3]
     return lib
-
-
-@cache
-def _rounding_lib() -> ctypes.CDLL | None:
-    """bf16_gemm.c's conversions where they may run (the CPU has avx512_bf16), else None."""
-    return _lib() if native_bf16() else None
 
 
 @dataclass(eq=False)
@@ -93,22 +85,11 @@ class PackedWeight:
         return y.reshape(*lead, self.shape[0])
 
     def _onednn(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """oneDNN's matmul, ``x`` rounded to bfloat16 and the product widened (plus the bias)
-        by bf16_gemm.c where it runs: the same values as torch's conversions, in less time."""
-        lib = _rounding_lib()
-        if lib is None or self.dtype != torch.bfloat16 or x.dtype != torch.float32:
-            y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none",
-                                                   [], "").float()
-            return y if bias is None else y.add_(bias)
-        x, threads = x.contiguous(), native.num_threads()
-        narrow = torch.empty(x.shape, dtype=torch.bfloat16)
-        lib.kvcli_f32_to_bf16(x.data_ptr(), narrow.data_ptr(), *x.shape, threads)
-        product = torch.ops.mkldnn._linear_pointwise(narrow, self.packed, None, "none", [], "")
-        y = torch.empty(product.shape, dtype=torch.float32)
-        b = None if bias is None else bias.float().contiguous()
-        lib.kvcli_bf16_to_f32(product.data_ptr(), None if b is None else b.data_ptr(),
-                              y.data_ptr(), *product.shape, threads)
-        return y
+        # torch's conversions at oneDNN's ends: native ones (AVX512_BF16) were 4-33% slower
+        # for one layer's matmuls on a Xeon with AMX, handing off between thread pools.
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [],
+                                               "").float()
+        return y if bias is None else y.add_(bias)
 
     def _native(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = x.new_empty((x.shape[0], self.shape[0]))

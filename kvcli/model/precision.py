@@ -120,11 +120,6 @@ def bf16_kernel() -> str:
     return "onednn" if why_not or "amx_bf16" in cpu_flags() else "avx512-bf16"
 
 
-def native_bf16() -> bool:
-    """Whether kvcli's AVX512_BF16 code (bf16_gemm.c) may run here."""
-    return not _native_refusal()
-
-
 def _native_refusal() -> str:
     """Why the AVX512_BF16 kernel cannot run here ("" where it can)."""
     if "avx512_bf16" not in cpu_flags():
@@ -166,8 +161,8 @@ def fast_choice(device: str, quantization: str | None = None,
 def _fast_prefill(quantization: str) -> str | None:
     """fast's prefill on integer-kernel weights: "bfloat16" where the CPU has AMX-BF16, whose
     tiles multiply a bfloat16 copy of the weights (oneDNN) faster than the integer kernels at
-    many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.9x AMX-INT8 at 1,024 rows, 1.7x at
-    128, slower below ~96; docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_FAST_PREFILL=int8
+    many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.5-1.9x AMX-INT8 at 1,024 rows,
+    1.4x at 80, slower at 64; docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_FAST_PREFILL=int8
     keeps every row count integer; =bfloat16 asks for the copy wherever bf16 is native."""
     if activations(quantization) != INT8_ACTIVATIONS:
         return None  # float32 activations (gguf): no integer kernels to stand in for

@@ -154,57 +154,6 @@ int kvcli_bf16_gemm(const float *x, const uint16_t *w, const float *bias, float 
     return 0;
 }
 
-typedef struct {
-    const float *x;
-    uint16_t *out;
-    const uint16_t *y;
-    const float *bias;
-    float *wide;
-    int64_t M, N;
-} round_args;
-
-/* Rows of x [M][N] float32 -> bfloat16, round-to-nearest-even (torch's .to(bfloat16)). */
-static void narrow_task(const void *args, int64_t t, int64_t n) {
-    const round_args *a = args;
-    const int64_t N = a->N;
-    for (int64_t r = a->M * t / n; r < a->M * (t + 1) / n; r++)
-        for (int64_t k = 0; k < N; k += 16) {
-            const __mmask16 m = N - k >= 16 ? 0xFFFF : (__mmask16)((1u << (N - k)) - 1);
-            const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, a->x + r * N + k));
-            _mm256_mask_storeu_epi16(a->out + r * N + k, m, (__m256i)v);
-        }
-}
-
-/* Rows of y [M][N] bfloat16 -> float32 (exact), plus a float32 bias per column. */
-static void widen_task(const void *args, int64_t t, int64_t n) {
-    const round_args *a = args;
-    const int64_t N = a->N;
-    for (int64_t r = a->M * t / n; r < a->M * (t + 1) / n; r++)
-        for (int64_t k = 0; k < N; k += 16) {
-            const __mmask16 m = N - k >= 16 ? 0xFFFF : (__mmask16)((1u << (N - k)) - 1);
-            const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a->y + r * N + k));
-            __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-            if (a->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a->bias + k));
-            _mm512_mask_storeu_ps(a->wide + r * N + k, m, v);
-        }
-}
-
-/* The two ends of a oneDNN bf16 matmul (model/packed.py) in one threaded pass each, where
- * torch's conversions took half as long as the multiply itself (AVX2 code on a Xeon with AMX).
- * Return 0, or -2 where this build has no AVX512_BF16 (the caller converts with torch). */
-int kvcli_f32_to_bf16(const float *x, uint16_t *out, int64_t M, int64_t N, int64_t threads) {
-    const round_args a = {x, out, NULL, NULL, NULL, M, N};
-    kvcli_parallel(narrow_task, &a, M >= 16 ? threads : 1, 0);
-    return 0;
-}
-
-int kvcli_bf16_to_f32(const uint16_t *y, const float *bias, float *out, int64_t M, int64_t N,
-                      int64_t threads) {
-    const round_args a = {NULL, NULL, y, bias, out, M, N};
-    kvcli_parallel(widen_task, &a, M >= 16 ? threads : 1, 0);
-    return 0;
-}
-
 /* W [N][K] bfloat16 (row-major, as torch stores a Linear's weight) -> the packed layout,
  * (N + 15) / 16 * ((K + 1) / 2) * 32 values, padding zero. */
 void kvcli_bf16_pack(const uint16_t *w, uint16_t *out, int64_t N, int64_t K) {
@@ -225,15 +174,6 @@ int kvcli_bf16_gemm(const float *x, const uint16_t *w, const float *bias, float 
 }
 void kvcli_bf16_pack(const uint16_t *w, uint16_t *out, int64_t N, int64_t K) {
     (void)w, (void)out, (void)N, (void)K;
-}
-int kvcli_f32_to_bf16(const float *x, uint16_t *out, int64_t M, int64_t N, int64_t threads) {
-    (void)x, (void)out, (void)M, (void)N, (void)threads;
-    return -2;
-}
-int kvcli_bf16_to_f32(const uint16_t *y, const float *bias, float *out, int64_t M, int64_t N,
-                      int64_t threads) {
-    (void)y, (void)bias, (void)out, (void)M, (void)N, (void)threads;
-    return -2;
 }
 #endif
 
