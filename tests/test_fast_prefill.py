@@ -14,7 +14,8 @@ from test_qint_kernels import gguf_weight
 from kvcli.engine.kv_disk import weights_form
 from kvcli.engine.llm import LLM
 from kvcli.model import native
-from kvcli.model.packed import PackedWeight
+from kvcli.model.decoder import GatedMLP
+from kvcli.model.packed import PackedWeight, SwiGLU
 from kvcli.model.precision import PrecisionError, resolve_precision
 from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, pack
 from kvcli.model.quant.weights import Q4_1
@@ -97,3 +98,34 @@ def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models
     plain = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
     assert plain.engine.model.routes.bf16_prefill_rows == 0
     assert weights_form(plain.engine.config, plain.engine.model) == "int8"
+
+
+@needs_both
+def test_swiglu_is_the_mlp_in_bfloat16():
+    torch.manual_seed(0)
+    gate_up, down = torch.randn(96, 64) / 8, torch.randn(64, 48) / 7
+    mlp, x = SwiGLU.of(gate_up, down), torch.randn(3, 30, 64)
+    g, u = (x @ gate_up.bfloat16().float().T).chunk(2, dim=-1)
+    expect = (torch.nn.functional.silu(g) * u) @ down.bfloat16().float().T
+    got = mlp(x)
+    assert got.shape == (3, 30, 64) and got.dtype == torch.float32
+    torch.testing.assert_close(got, expect, rtol=3e-2, atol=3e-2)
+
+
+@needs_both
+def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch):
+    monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    with_flags(monkeypatch, BF16_CPU)
+    model = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8").engine.model
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    assert mlps and all(isinstance(m.wide, SwiGLU) for m in mlps)
+    assert all(m.gate_up_proj.weight.wide is None for m in mlps)  # one copy, the MLP's
+    mlp, hidden = mlps[0], mlps[0].down_proj.weight.shape[0]
+    many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
+    float_model = LLM(str(tiny_models["llama"])).engine.model  # the float32 weights int8 came from
+    exact = next(m for m in float_model.modules() if isinstance(m, GatedMLP))(many)
+    integer = mlp.down_proj(mlp.act_and_mul(mlp.routes, mlp.gate_up_proj(many)))
+    errors = [((got - exact).norm() / exact.norm()).item() for got in (mlp(many), integer)]
+    assert max(errors) < 3e-2, errors  # int8 weights, then bf16 or int8 activations
+    assert torch.equal(mlp(few), mlp.down_proj(mlp.act_and_mul(mlp.routes,
+                                                                mlp.gate_up_proj(few))))

@@ -129,7 +129,12 @@ class GatedMLP(Routed):
         self.down_proj = Linear(size, (cfg.hidden_size,), bias, dtype, device)
         self.act_and_mul = gated_activation(activation, cfg.path)
 
+    # fast on AMX-BF16 (quant/apply.py): the whole MLP in bfloat16 for many rows (packed.SwiGLU)
+    wide: Any = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wide is not None and x.numel() >= self.routes.bf16_prefill_rows * x.shape[-1]:
+            return self.wide(x)
         return self.down_proj(self.act_and_mul(self.routes, self.gate_up_proj(x)))
 
 

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from kvcli.model import native
+from kvcli.model.decoder import GatedMLP
 from kvcli.model.layers import Embedding, Linear, install_routes
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
+from kvcli.model.packed import SwiGLU
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_weights
 from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, IntWeight, pack
@@ -97,9 +99,11 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
         raise QuantError(f"--quantization gguf-int: {err}") from None
     model.routes = routes
     install_routes(model, routes)
+    fused = _fuse_mlps(model) if routes.bf16_prefill_rows else set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        wide = routes.bf16_prefill_rows > 0 and not isinstance(module, QuantEmbedding)
+        wide = (routes.bf16_prefill_rows > 0 and id(module) not in fused
+                and not isinstance(module, QuantEmbedding))
         if isinstance(weight, StackedWeight):
             weight.parts = [pack(p, routes, wide=wide) for p in weight.parts]
         elif isinstance(weight, QuantWeight):
@@ -109,6 +113,19 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
                 module.weight = packed
             else:
                 _set_linear_weight(module, packed)
+
+
+def _fuse_mlps(model: nn.Module) -> set[int]:
+    """fast's bfloat16 prefill: each SwiGLU MLP (no biases) gets one packed.SwiGLU for its many
+    rows, and its two Linears no copy of their own; returns those Linears' ids."""
+    fused: set[int] = set()
+    for mlp in model.modules():
+        if not (isinstance(mlp, GatedMLP) and mlp.act_and_mul.silu
+                and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None):
+            continue
+        mlp.wide = SwiGLU.of(mlp.gate_up_proj.weight.dequantize(), mlp.down_proj.weight.dequantize())
+        fused |= {id(mlp.gate_up_proj), id(mlp.down_proj)}
+    return fused
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvcli.model import native
-from kvcli.model.packed import PackedWeight
+from kvcli.model.packed import PREFILL_ROWS_HINT, PackedWeight
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.weights import (
     I8,
@@ -41,8 +41,6 @@ from kvcli.model.routes import KernelRoutes
 # matmuls, 2 threads, ms integer vs bf16: 64 rows 0.71 vs 0.84; 80 rows 1.01 vs 0.74; 128 rows
 # 1.9-2.1 vs 1.0-1.3; 1,024 rows 11.3-12.9 vs 6.9-7.5; docs/BENCHMARKS.md 2026-12-07).
 BF16_PREFILL_ROWS = 80
-# oneDNN's layout of that copy is chosen for prefill chunks (1,024 rows: 1.2x 32's at 512).
-_WIDE_ROWS_HINT = 1024
 INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
              I8: "int8"}
 
@@ -119,6 +117,6 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
     copy = None
     if wide and routes.bf16_prefill_rows:
         dense = weight.dequantize(routes=routes).to(torch.bfloat16)
-        copy = PackedWeight.of(dense, _WIDE_ROWS_HINT)
+        copy = PackedWeight.of(dense, PREFILL_ROWS_HINT)
     return IntWeight(weight.kind, packed, weight.shape, variant,
                      weight if keep_source else None, routes, copy)
