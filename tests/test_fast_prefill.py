@@ -53,6 +53,9 @@ def test_kvcli_fast_prefill_overrides_and_is_checked(monkeypatch):
     with_flags(monkeypatch, ZEN4)
     assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill == (
         "bfloat16" if INTEGER else None)
+    with_flags(monkeypatch, {"avx2", "fma"})
+    with pytest.raises(PrecisionError, match="no native bfloat16"):
+        resolve_precision("fast", None, "cpu", quantization="gguf-int")
     monkeypatch.setenv("KVCLI_FAST_PREFILL", "fp8")
     with pytest.raises(PrecisionError, match="KVCLI_FAST_PREFILL='fp8'"):
         resolve_precision("fast", None, "cpu", quantization="gguf-int")

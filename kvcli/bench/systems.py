@@ -111,9 +111,12 @@ class KvcliSystem:
 
         kv = kv_cache_dtype_name(self.base.model.platform.kv_dtype)  # int8 for its uint8 rows
         weights, quantization = self.weights, self.base.config.quantization
-        preset = getattr(getattr(self.base.model, "precision", None), "preset", "")
+        chosen = getattr(self.base.model, "precision", None)
+        preset = getattr(chosen, "preset", "")
         if quantization:
             weights = f"{quantization} weights, {activations(quantization)}"
+            if getattr(chosen, "prefill", None):  # fast's prefill copy (quant/int_weights.py)
+                weights += f" ({chosen.prefill} prefill)"
             preset = "" if preset == "exact" and "int8" in weights else preset
         else:
             weights = f"{weights} weights"

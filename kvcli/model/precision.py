@@ -169,9 +169,10 @@ def _fast_prefill(quantization: str) -> str | None:
     wanted, flags = os.environ.get("KVCLI_FAST_PREFILL", ""), cpu_flags()
     if wanted not in ("", "int8", "bfloat16"):
         raise PrecisionError(f"KVCLI_FAST_PREFILL={wanted!r}: expected int8 or bfloat16")
-    if wanted == "bfloat16" and _has("bfloat16", _NATIVE, flags):
-        return "bfloat16"
-    return "bfloat16" if not wanted and "amx_bf16" in flags else None
+    if wanted == "bfloat16" and not _has("bfloat16", _NATIVE, flags):
+        raise PrecisionError("KVCLI_FAST_PREFILL=bfloat16: this CPU has no native bfloat16 "
+                             "(avx512_bf16 or amx_bf16 not in /proc/cpuinfo flags)")
+    return "bfloat16" if wanted == "bfloat16" or (not wanted and "amx_bf16" in flags) else None
 
 
 def _fast_kv() -> str | None:
