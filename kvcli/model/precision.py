@@ -162,8 +162,9 @@ def _fast_prefill(quantization: str) -> str | None:
     """fast's prefill on integer-kernel weights: "bfloat16" where the CPU has AMX-BF16, whose
     tiles multiply a bfloat16 copy of the weights (oneDNN) faster than the integer kernels at
     many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.5-1.9x AMX-INT8 at 1,024 rows,
-    1.4x at 80, slower at 64; docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_FAST_PREFILL=int8
-    keeps every row count integer; =bfloat16 asks for the copy wherever bf16 is native."""
+    1.4x at 80, slower at 64; docs/BENCHMARKS.md, 2026-12-06 late night), else None.
+    KVCLI_FAST_PREFILL=int8 keeps every row count integer; =bfloat16 asks for the copy wherever
+    bf16 is native (PrecisionError elsewhere). Not taken without AMX: unmeasured there."""
     if activations(quantization) != INT8_ACTIVATIONS:
         return None  # float32 activations (gguf): no integer kernels to stand in for
     wanted, flags = os.environ.get("KVCLI_FAST_PREFILL", ""), cpu_flags()

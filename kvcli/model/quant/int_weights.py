@@ -39,7 +39,8 @@ from kvcli.model.routes import KernelRoutes
 
 # Row count from which fast's bfloat16 copy runs (Xeon with AMX, one SmolLM2-135M layer's four
 # matmuls, 2 threads, ms integer vs bf16: 64 rows 0.71 vs 0.84; 80 rows 1.01 vs 0.74; 128 rows
-# 1.9-2.1 vs 1.0-1.3; 1,024 rows 11.3-12.9 vs 6.9-7.5; docs/BENCHMARKS.md 2026-12-07).
+# 1.9-2.1 vs 1.0-1.3; 1,024 rows 11.3-12.9 vs 6.9-7.5; docs/BENCHMARKS.md, 2026-12-06 late
+# night).
 BF16_PREFILL_ROWS = 80
 INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
              I8: "int8"}
