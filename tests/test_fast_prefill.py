@@ -66,7 +66,7 @@ def test_many_rows_run_the_bf16_copy_and_few_the_integers():
     weight, dense = gguf_weight(Q4_1, 48, 64, seed=3)
     routes = replace(process_routes(), int_matmul=native.qint_variant(native.load()),
                      bf16_prefill_rows=8)
-    plain, wide = pack(weight, routes), pack(weight, routes, wide=True)
+    plain, wide = pack(weight, routes), pack(weight, routes, wide=torch.from_numpy(dense))
     assert plain.wide is None and isinstance(wide.wide, PackedWeight)
     assert wide.nbytes == plain.nbytes + 2 * 48 * 64
     few, many = torch.randn(7, 64), torch.randn(2, 4, 64)  # 8 rows in a [2, 4] batch
@@ -123,6 +123,7 @@ def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch):
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     assert mlps and all(isinstance(m.wide, SwiGLU) for m in mlps)
     assert all(m.gate_up_proj.weight.wide is None for m in mlps)  # one copy, the MLP's
+    assert not any(hasattr(m, "prefill_source") for m in model.modules())  # dropped once used
     mlp, hidden = mlps[0], mlps[0].down_proj.weight.shape[0]
     many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
     float_model = LLM(str(tiny_models["llama"])).engine.model  # the float32 weights int8 came from

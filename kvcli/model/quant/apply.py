@@ -60,14 +60,17 @@ def _finish(model: nn.Module) -> nn.Module:
 def quantize_int8_model(model: nn.Module, prefill: str | None = None) -> nn.Module:
     """Every Linear (and the embedding, tied output layer included) to per-channel int8;
     ``prefill``: see :func:`_pack_model`."""
+    integer = native.qint_available(model.routes.native)
     for module in list(model.modules()):
         if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
+            if integer and prefill == "bfloat16":  # the prefill copy: the checkpoint's values
+                module.prefill_source = module.weight.detach().to(torch.bfloat16)
             _set_linear_weight(module, quantize_int8(module.weight))
     inner = getattr(model, "model", None)  # transformers' layout: model.model.embed_tokens
     embed = getattr(inner, "embed_tokens", None)
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
-    if native.qint_available(model.routes.native):  # else float32 activations (qgemm.c, torch)
+    if integer:  # else float32 activations (qgemm.c, torch)
         _pack_model(model, prefill)
     return _finish(model)
 
@@ -105,14 +108,22 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
         wide = (routes.bf16_prefill_rows > 0 and id(module) not in fused
                 and not isinstance(module, QuantEmbedding))
         if isinstance(weight, StackedWeight):
-            weight.parts = [pack(p, routes, wide=wide) for p in weight.parts]
+            weight.parts = [pack(p, routes, wide=p.dequantize() if wide else None)
+                            for p in weight.parts]
         elif isinstance(weight, QuantWeight):
             packed = pack(weight, routes, keep_source=isinstance(module, QuantEmbedding),
-                          wide=wide)
+                          wide=_float_values(module) if wide else None)
             if isinstance(module, QuantEmbedding):
                 module.weight = packed
             else:
                 _set_linear_weight(module, packed)
+
+
+def _float_values(linear: nn.Module) -> torch.Tensor:
+    """A quantized Linear's float values for its prefill copy: the float checkpoint's, kept by
+    quantize_int8_model (then dropped), else its quantized values de-quantized (a GGUF's)."""
+    kept = linear.__dict__.pop("prefill_source", None)
+    return linear.weight.dequantize() if kept is None else kept
 
 
 def _fuse_mlps(model: nn.Module) -> set[int]:
@@ -123,7 +134,7 @@ def _fuse_mlps(model: nn.Module) -> set[int]:
         if not (isinstance(mlp, GatedMLP) and mlp.act_and_mul.silu
                 and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None):
             continue
-        mlp.wide = SwiGLU.of(mlp.gate_up_proj.weight.dequantize(), mlp.down_proj.weight.dequantize())
+        mlp.wide = SwiGLU.of(_float_values(mlp.gate_up_proj), _float_values(mlp.down_proj))
         fused |= {id(mlp.gate_up_proj), id(mlp.down_proj)}
     return fused
 

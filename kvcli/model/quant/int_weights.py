@@ -95,9 +95,10 @@ class IntWeight(_AsArray):
 
 
 def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
-         wide: bool = False) -> IntWeight:
+         wide: torch.Tensor | None = None) -> IntWeight:
     """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant);
-    ``wide``: with a bfloat16 copy of its de-quantized values for ``routes``' many-row calls."""
+    ``wide``: its float values (the float checkpoint's, or de-quantized), kept as a bfloat16
+    copy for ``routes``' many-row calls."""
     if weight.kind not in INT_TYPES:
         runs = ", ".join(name for kind, name in INT_TYPES.items() if kind != I8)
         raise QuantError(f"--quantization gguf-int runs {runs} weights; this model has GGML "
@@ -116,8 +117,7 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
         raise QuantError(f"gguf-int: cannot repack {INT_TYPES[weight.kind]} {weight.shape}")
     variant = native.QINT_VARIANTS[routes.int_matmul][0]
     copy = None
-    if wide and routes.bf16_prefill_rows:
-        dense = weight.dequantize(routes=routes).to(torch.bfloat16)
-        copy = PackedWeight.of(dense, PREFILL_ROWS_HINT)
+    if wide is not None and routes.bf16_prefill_rows:
+        copy = PackedWeight.of(wide.to(torch.bfloat16), PREFILL_ROWS_HINT)
     return IntWeight(weight.kind, packed, weight.shape, variant,
                      weight if keep_source else None, routes, copy)
