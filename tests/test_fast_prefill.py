@@ -124,6 +124,9 @@ def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch):
     assert mlps and all(isinstance(m.wide, SwiGLU) for m in mlps)
     assert all(m.gate_up_proj.weight.wide is None for m in mlps)  # one copy, the MLP's
     assert not any(hasattr(m, "prefill_source") for m in model.modules())  # dropped once used
+    head = model.lm_head or model.model.embed_tokens  # the output layer: sampled rows, no copy
+    assert head.weight.wide is None
+    assert model.model.layers[0].self_attn.qkv_proj.weight.wide is not None
     mlp, hidden = mlps[0], mlps[0].down_proj.weight.shape[0]
     many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
     float_model = LLM(str(tiny_models["llama"])).engine.model  # the float32 weights int8 came from

@@ -133,7 +133,7 @@ class GatedMLP(Routed):
     wide: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.wide is not None and x.numel() >= self.routes.bf16_prefill_rows * x.shape[-1]:
+        if self.wide is not None and self.routes.runs_bf16_copy(x):
             return self.wide(x)
         return self.down_proj(self.act_and_mul(self.routes, self.gate_up_proj(x)))
 

@@ -105,6 +105,11 @@ class KernelRoutes:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
 
+    def runs_bf16_copy(self, x: torch.Tensor) -> bool:
+        """Whether a matmul of ``x`` (rows of its last dimension) runs fast's bfloat16 copy
+        instead of the integer kernels (quant/int_weights.py, decoder.GatedMLP)."""
+        return 0 < self.bf16_prefill_rows * x.shape[-1] <= x.numel()
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """transformers' RMSNorm of a float32 ``x`` (one fused kernel instead of six ops)."""
         if self.native is not None and _takes(x):  # one pass, threaded over rows

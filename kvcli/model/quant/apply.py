@@ -63,7 +63,7 @@ def quantize_int8_model(model: nn.Module, prefill: str | None = None) -> nn.Modu
     integer = native.qint_available(model.routes.native)
     for module in list(model.modules()):
         if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
-            if integer and prefill == "bfloat16":  # the prefill copy: the checkpoint's values
+            if integer and prefill == "bfloat16" and _takes_copy(model, module):  # its values
                 module.prefill_source = module.weight.detach().to(torch.bfloat16)
             _set_linear_weight(module, quantize_int8(module.weight))
     inner = getattr(model, "model", None)  # transformers' layout: model.model.embed_tokens
@@ -89,8 +89,7 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
     """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
     the model's routes then name (chosen here, once, from the CPU's flags). ``prefill``
     "bfloat16" (fast on AMX-BF16, precision.py): each Linear's matrix also keeps a bfloat16
-    copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (the embedding does not:
-    its output-layer matmuls have the sampled rows only)."""
+    copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (:func:`_takes_copy`)."""
     lib = model.routes.native
     if lib is None:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
@@ -106,7 +105,7 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
     for module in model.modules():
         weight = getattr(module, "weight", None)
         wide = (routes.bf16_prefill_rows > 0 and id(module) not in fused
-                and not isinstance(module, QuantEmbedding))
+                and _takes_copy(model, module))
         if isinstance(weight, StackedWeight):
             weight.parts = [pack(p, routes, wide=p.dequantize() if wide else None)
                             for p in weight.parts]
@@ -117,6 +116,13 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
                 module.weight = packed
             else:
                 _set_linear_weight(module, packed)
+
+
+def _takes_copy(model: nn.Module, module: nn.Module) -> bool:
+    """Whether ``module`` keeps fast's bfloat16 prefill copy: every Linear but the output layer
+    (an untied lm_head, like the embedding that is a tied one), whose matmuls have the sampled
+    rows only: a copy of its 49,152 x 576 would cost 57 MB for a few rows a step."""
+    return isinstance(module, Linear) and module is not getattr(model, "lm_head", None)
 
 
 def _float_values(linear: nn.Module) -> torch.Tensor:

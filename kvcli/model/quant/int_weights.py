@@ -71,7 +71,7 @@ class IntWeight(_AsArray):
         """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``, every row count."""
         routes = routes or self.routes
         lead, (out_features, in_features) = x.shape[:-1], self.shape
-        if self.wide is not None and x.numel() >= routes.bf16_prefill_rows * in_features:
+        if self.wide is not None and routes.runs_bf16_copy(x):
             return self.wide.linear(x, bias)
         lib = routes.native  # type: ignore[union-attr]
         x2 = x.reshape(-1, in_features).float().contiguous()
