@@ -116,10 +116,11 @@ def test_swiglu_is_the_mlp_in_bfloat16():
 
 
 @needs_both
-def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mistral"])  # tied, untied output layer
+def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch, family):
     monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
     with_flags(monkeypatch, BF16_CPU)
-    model = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8").engine.model
+    model = LLM(str(tiny_models[family]), precision="fast", quantization="int8").engine.model
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
     assert mlps and all(isinstance(m.wide, SwiGLU) for m in mlps)
     assert all(m.gate_up_proj.weight.wide is None for m in mlps)  # one copy, the MLP's
@@ -129,7 +130,7 @@ def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch):
     assert model.model.layers[0].self_attn.qkv_proj.weight.wide is not None
     mlp, hidden = mlps[0], mlps[0].down_proj.weight.shape[0]
     many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
-    float_model = LLM(str(tiny_models["llama"])).engine.model  # the float32 weights int8 came from
+    float_model = LLM(str(tiny_models[family])).engine.model  # the float32 weights int8 came from
     exact = next(m for m in float_model.modules() if isinstance(m, GatedMLP))(many)
     integer = mlp.down_proj(mlp.act_and_mul(mlp.routes, mlp.gate_up_proj(many)))
     errors = [((got - exact).norm() / exact.norm()).item() for got in (mlp(many), integer)]
