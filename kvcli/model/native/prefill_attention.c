@@ -74,50 +74,6 @@ typedef struct {
     _Atomic int status;
 } job_t;
 
-/* max and sum of 32 floats as vector trees (a scalar loop is a 31-step dependency chain). */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-static inline float max32(const float *x) {
-    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
-}
-static inline float sum32(const float *x) {
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
-}
-#elif defined(__AVX2__)
-#include <immintrin.h>
-static inline float hmax8(__m256 v) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-static inline float hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-static inline float max32(const float *x) {
-    const __m256 a = _mm256_max_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
-    const __m256 b = _mm256_max_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-    return hmax8(_mm256_max_ps(a, b));
-}
-static inline float sum32(const float *x) {
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
-    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-    return hsum8(_mm256_add_ps(a, b));
-}
-#else
-static inline float max32(const float *x) {
-    float m = x[0];
-    for (int t = 1; t < 32; t++) m = x[t] > m ? x[t] : m;
-    return m;
-}
-static inline float sum32(const float *x) {
-    float s = 0.0f;
-    for (int t = 0; t < 32; t++) s += x[t];
-    return s;
-}
-#endif
-
 #if defined(__AVX512F__)
 #define RB 4 /* query rows scored together: 8 multiply-add chains of one register each */
 #else
@@ -138,33 +94,29 @@ static inline void scores(int64_t D, const float *const *q, const float *kt, vf 
         for (int c = 0; c < NV; c++) out[r][c] = a[r][c];
 }
 
-/* o[0..D) = alpha * o + sum_t p[t] * vrow[t][0..D). */
-static inline void accumulate(float *o, int64_t D, float alpha, const float *p,
-                              const float *const *vrow, int64_t nk) {
+/* o[0..D) += sum_t p[t] * vrow[t][0..D). */
+static inline void accumulate(float *o, int64_t D, const float *p, const float *const *vrow,
+                              int64_t nk) {
     if (D == 64) { /* the row's output stays in 64 / VW registers */
         vf acc[64 / VW];
-        for (int c = 0; c < 64 / VW; c++) acc[c] = *(vf *)(o + c * VW) * alpha;
+        for (int c = 0; c < 64 / VW; c++) acc[c] = *(vf *)(o + c * VW);
         for (int64_t t = 0; t < nk; t++)
             for (int c = 0; c < 64 / VW; c++) acc[c] += p[t] * *(const vf *)(vrow[t] + c * VW);
         for (int c = 0; c < 64 / VW; c++) *(vf *)(o + c * VW) = acc[c];
         return;
     }
-    for (int64_t d = 0; d < D; d++) o[d] *= alpha;
     for (int64_t t = 0; t < nk; t++)
         for (int64_t d = 0; d < D; d++) o[d] += p[t] * vrow[t][d];
 }
 
 /* Two rows' accumulations at once (each V vector loaded serves both): with D = 64 on AVX-512
  * that is 8 independent multiply-add chains instead of 4. */
-static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, float alpha_b,
-                               const float *pa, const float *pb, const float *const *vrow,
-                               int64_t nk) {
+static inline void accumulate2(float *oa, float *ob, int64_t D, const float *pa, const float *pb,
+                               const float *const *vrow, int64_t nk) {
 #if defined(__AVX512F__)
     if (D == 64) {
-        vf a0 = *(vf *)oa * alpha_a, a1 = *(vf *)(oa + 16) * alpha_a;
-        vf a2 = *(vf *)(oa + 32) * alpha_a, a3 = *(vf *)(oa + 48) * alpha_a;
-        vf b0 = *(vf *)ob * alpha_b, b1 = *(vf *)(ob + 16) * alpha_b;
-        vf b2 = *(vf *)(ob + 32) * alpha_b, b3 = *(vf *)(ob + 48) * alpha_b;
+        vf a0 = *(vf *)oa, a1 = *(vf *)(oa + 16), a2 = *(vf *)(oa + 32), a3 = *(vf *)(oa + 48);
+        vf b0 = *(vf *)ob, b1 = *(vf *)(ob + 16), b2 = *(vf *)(ob + 32), b3 = *(vf *)(ob + 48);
         for (int64_t t = 0; t < nk; t++) {
             const float *vt = vrow[t];
             const vf v0 = *(const vf *)vt, v1 = *(const vf *)(vt + 16);
@@ -177,164 +129,134 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, float alpha_a, f
         return;
     }
 #endif
-    accumulate(oa, D, alpha_a, pa, vrow, nk);
-    accumulate(ob, D, alpha_b, pb, vrow, nk);
+    accumulate(oa, D, pa, vrow, nk);
+    accumulate(ob, D, pb, vrow, nk);
 }
 
-/* Token t of a panel: its K row transposed into kt [D][KB], its V row's address (float: in
- * the cache; int8, bfloat16: widened into vb [KB][D]). `at` is the row's offset in the cache. */
-#if defined(KV_CONVERTED)
-/* The row at `at` of a converted cache widened into dst [D]: x = u * scale + bias. */
-static inline void widen_row(const kv_t *row, int64_t D, float *dst) {
-    float sc, bias;
-    kv_params(row, D, &sc, &bias);
-    for (int64_t d = 0; d < D; d++) dst[d] = kv_f32(row[d]) * sc + bias;
-}
-#endif
+#include "prefill_panels.h" /* panel_at, load_panel_keys, load_panel_values, prefetch_panel */
+#include "prefill_scores.h"  /* qrows_t, panel_keys, panel_scores: float or integer scores */
 
-static inline void load_key(const job_t *j, int64_t D, int64_t at, int64_t t, float *kt,
-                            float *vb, const float **vrow) {
-#if defined(KV_CONVERTED)
-    float *dst = vb + t * D; /* K widened first (a vector loop), then transposed from L1 */
-    widen_row(j->k + at, D, dst);
-    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = dst[d];
-    widen_row(j->v + at, D, dst); /* then V into the same row */
-    *vrow = dst;
-#else
-    (void)vb;
-    *vrow = j->v + at;
-    for (int64_t d = 0; d < D; d++) kt[d * KB + t] = j->k[at + d];
-#endif
-}
+/* The softmax moves in steps of SP keys (SP / KB panels): a step's scores of every row are kept
+ * (sc [m][SP], 48 rows x 1 KB in L2), then each row takes one max, one pass of exponentials and
+ * sums, and one rescale of its output for the whole step, then the step's V panels are
+ * accumulated. Per 32-key panel, that bookkeeping (masking, max, rescale, two horizontal
+ * reductions and a scalar exp per row) was half of the int8 cache's prefill kernel. */
+#define SP 256
+#define AI __attribute__((always_inline)) static inline
 
-#if defined(KV_INT8) && defined(KV8_INT_SCORES)
-#define KV_VNNI 1 /* integer scores over the codes (kv_int8.h, prefill_scores.h) */
-#endif
-
-#if defined(__AVX512F__) && (!defined(KV_CONVERTED) || defined(KV_VNNI))
-/* r[i] = column i of the 16 x 16 block whose rows r[] held: four rounds of shuffles. */
-static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+/* Scores of the m rows against the step's keys [k0, k0 + n) of `slots` (KV head g), scaled,
+ * into sc [m][SP]. */
+AI void score_step(const job_t *j, int64_t D, int64_t g, const int64_t *slots, int64_t k0,
+                   int64_t n, int64_t k_hi, int64_t m, const float *const *q, const qrows_t *qq,
+                   float *kt, float *sc) {
+    const int64_t stride = j->Hkv * KV_ROW(D), at0 = g * KV_ROW(D);
+    const int64_t row_bytes = KV_ROW(D) * (int64_t)sizeof(kv_t);
+    for (int64_t p0 = 0; p0 < n; p0 += KB) {
+        const int64_t k = k0 + p0, nk = n - p0 < KB ? n - p0 : KB;
+        if (k + KB < k_hi) prefetch_panel(j, slots, k + KB, k_hi, at0, stride, row_bytes);
+        int64_t at[KB];
+        float sk[KB], bk[KB];
+        panel_at(slots, k, nk, stride, at0, at);
+        panel_keys(j, D, at, kt, kt + D * KB, qq, sk, bk);
+        for (int64_t i0 = 0; i0 < m; i0 += RB) {
+            vf sv[RB][NV];
+            const float *qs[RB];
+            for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];
+            panel_scores(D, qs, qq, i0, m, kt, sk, bk, sv);
+            for (int64_t r = 0; r < RB && i0 + r < m; r++)
+                for (int c = 0; c < NV; c++)
+                    *(vf *)(sc + (i0 + r) * SP + p0 + c * VW) = sv[r][c] * j->scale;
+        }
     }
 }
-#endif
 
-/* The panel's KB tokens (row offsets at[t] in the cache): K transposed into kt [D][KB], V rows'
- * addresses (or widened rows) in vrow. A float cache with AVX-512 moves 16 x 16 blocks through
- * registers: scalar stores of one float each were most of a panel's cost for a decode
- * sequence's own tail (3 query rows per panel). The same floats land in kt either way. */
-static inline void load_panel(const job_t *j, int64_t D, const int64_t *at, float *kt,
-                              float *vb, const float **vrow) {
-#if defined(__AVX512F__) && !defined(KV_CONVERTED)
-    if (D % 16 == 0) {
-        for (int64_t t = 0; t < KB; t++) vrow[t] = j->v + at[t];
-        for (int64_t h = 0; h < KB; h += 16)
-            for (int64_t d0 = 0; d0 < D; d0 += 16) {
-                __m512 r[16];
-                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(j->k + at[h + i] + d0);
-                transpose16(r);
-                for (int i = 0; i < 16; i++) _mm512_storeu_ps(kt + (d0 + i) * KB + h, r[i]);
+static inline float max_of(const float *x, int64_t n) {
+    float top = x[0];
+    for (int64_t t = 1; t < n; t++) top = x[t] > top ? x[t] : top;
+    return top;
+}
+
+static inline float sum_of(const float *x, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) sum += x[t];
+    return sum;
+}
+
+/* Each row's online softmax over the step's keys [k0, k0 + n): it sees offsets [lo, hi) of them
+ * (span[2 i], span[2 i + 1]; causal, window). Its max, sum l and output o move once; its scores
+ * become the numerators, zero on the keys it does not see in the panels it reads. */
+AI void softmax_step(int64_t D, int64_t k0, int64_t n, int64_t m, const int64_t *pos, int64_t w,
+                     float *sc, int64_t *span, float *mx, float *l, float *o) {
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t last = pos[i] - k0 + 1, first = w > 0 ? pos[i] - w + 1 - k0 : 0;
+        const int64_t hi = last < n ? last : n, lo = first > 0 ? first : 0;
+        span[2 * i] = lo, span[2 * i + 1] = hi;
+        if (hi <= lo) continue; /* no key of the step is visible to it */
+        float *si = sc + i * SP;
+        const float top = max_of(si + lo, hi - lo), now = top > mx[i] ? top : mx[i];
+        if (now != mx[i]) {
+            const float alpha = expf(mx[i] - now);
+            l[i] *= alpha;
+            for (int64_t d = 0; d < D; d++) o[i * D + d] *= alpha;
+            mx[i] = now;
+        }
+        exp_shifted(si + lo, now, si + lo, hi - lo);
+        l[i] += sum_of(si + lo, hi - lo);
+        for (int64_t t = lo / KB * KB; t < lo; t++) si[t] = 0.0f;
+        for (int64_t t = hi; t < (hi + KB - 1) / KB * KB; t++) si[t] = 0.0f;
+    }
+}
+
+/* Whether row i reads the panel at offset p0 (nk keys) of the step. */
+static inline int reads(const int64_t *span, int64_t i, int64_t p0, int64_t nk) {
+    return span[2 * i] < p0 + nk && span[2 * i + 1] > p0;
+}
+
+/* The step's V panels, each loaded once, accumulated into the rows' outputs o [m][D]. */
+AI void value_step(const job_t *j, int64_t D, int64_t g, const int64_t *slots, int64_t k0,
+                   int64_t n, int64_t m, const int64_t *span, const float *sc, float *vb,
+                   float *o) {
+    const int64_t stride = j->Hkv * KV_ROW(D), at0 = g * KV_ROW(D);
+    for (int64_t p0 = 0; p0 < n; p0 += KB) {
+        const int64_t nk = n - p0 < KB ? n - p0 : KB;
+        int64_t at[KB];
+        const float *vrow[KB];
+        panel_at(slots, k0 + p0, nk, stride, at0, at);
+        load_panel_values(j, D, at, vb, vrow);
+        for (int64_t i = 0; i < m;) {
+            const float *pa = sc + i * SP + p0;
+            if (!reads(span, i, p0, nk)) {
+                i++;
+            } else if (i + 1 < m && reads(span, i + 1, p0, nk)) {
+                accumulate2(o + i * D, o + (i + 1) * D, D, pa, pa + SP, vrow, nk);
+                i += 2;
+            } else {
+                accumulate(o + i * D, D, pa, vrow, nk);
+                i++;
             }
-        return;
-    }
-#endif
-    for (int64_t t = 0; t < KB; t++) load_key(j, D, at[t], t, kt, vb, &vrow[t]);
-}
-
-#include "prefill_scores.h" /* qrows_t, panel_in, panel_scores: float or integer scores */
-
-/* Fetches the K and V rows of the panel at key positions [k0, k0 + KB) of `slots` into the
- * cache while the current panel is worked on. The rows lie where the block table put them, so
- * no hardware prefetcher sees the pattern: without this, every row's first line missed the
- * cache one after another (the transposing loads took ~half of the shared-prefix decode). */
-static inline void prefetch_panel(const job_t *j, const int64_t *slots, int64_t k0,
-                                  int64_t k_hi, int64_t at0, int64_t stride, int64_t bytes) {
-    const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;
-    for (int64_t t = 0; t < nk; t++) {
-        const char *kr = (const char *)(j->k + slots[k0 + t] * stride + at0);
-        const char *vr = (const char *)(j->v + slots[k0 + t] * stride + at0);
-        for (int64_t b = 0; b < bytes; b += 64) {
-            __builtin_prefetch(kr + b, 0, 3);
-            __builtin_prefetch(vr + b, 0, 3);
         }
     }
 }
 
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
  * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
- * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt is the
- * [D][KB] key panel (followed by the int8 build's [KB][D] V scratch). DIM is a compile-time head size where one is given. */
+ * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt holds
+ * the [D][KB] key panel and a [KB][D] V scratch; sc and span the step's scores and spans. DIM
+ * is a compile-time head size where one is given. */
 #define ATTEND_KEYS(NAME, DIM)                                                                 \
     static void NAME(const job_t *j, int64_t g, const int64_t *slots, int64_t k_lo,            \
                      int64_t k_hi, int64_t m, const float *const *q, const qrows_t *qq,        \
-                     const int64_t *pos, float *mx, float *l, float *o, float *kt) {           \
-        const int64_t D = (DIM), stride = j->Hkv * KV_ROW(D), w = j->window;                   \
-        const float *vrow[KB];                                                                 \
-        float *vb = kt + D * KB;                                                               \
-        const int64_t row_bytes = KV_ROW(D) * (int64_t)sizeof(kv_t);                           \
-        if (k_lo < k_hi) prefetch_panel(j, slots, k_lo, k_hi, g * KV_ROW(D), stride, row_bytes); \
-        for (int64_t k0 = k_lo; k0 < k_hi; k0 += KB) {                                         \
-            const int64_t nk = k_hi - k0 < KB ? k_hi - k0 : KB;                                \
-            if (k0 + KB < k_hi)                                                                \
-                prefetch_panel(j, slots, k0 + KB, k_hi, g * KV_ROW(D), stride, row_bytes);     \
-            int64_t at[KB];                                                                    \
-            for (int64_t t = 0; t < KB; t++)                                                   \
-                at[t] = slots[k0 + (t < nk ? t : 0)] * stride + g * KV_ROW(D);                 \
-            float sk[KB], bk[KB];                                                              \
-            panel_in(j, D, at, kt, vb, vrow, qq, sk, bk);                                      \
-            for (int64_t i0 = 0; i0 < m; i0 += RB) {                                           \
-                vf sv[RB][NV];                                                                 \
-                const float *qs[RB];                                                           \
-                for (int64_t r = 0; r < RB; r++) qs[r] = q[i0 + r < m ? i0 + r : i0];          \
-                panel_scores(D, qs, qq, i0, m, kt, sk, bk, sv);                                \
-                float p[RB][KB], alpha[RB];                                                    \
-                int live[RB];                                                                  \
-                for (int64_t r = 0; r < RB; r++) {                                             \
-                    const int64_t i = i0 + r, at = i < m ? pos[i] : 0;                         \
-                    live[r] = i < m && k0 <= at && (w == 0 || k0 + nk - 1 > at - w);           \
-                    if (!live[r]) continue; /* no key of the panel is visible to it */         \
-                    float sc[KB];                                                              \
-                    for (int c = 0; c < NV; c++) *(vf *)(sc + c * VW) = sv[r][c] * j->scale;   \
-                    if (nk < KB || at < k0 + KB - 1 || (w > 0 && k0 <= at - w))                \
-                        for (int64_t t = 0; t < KB; t++) {                                     \
-                            const int64_t kp = k0 + t;                                         \
-                            if (t >= nk || kp > at || (w > 0 && kp <= at - w)) sc[t] = -INFINITY; \
-                        }                                                                      \
-                    const float top = max32(sc), now = top > mx[i] ? top : mx[i];              \
-                    alpha[r] = now == mx[i] ? 1.0f : expf(mx[i] - now);                        \
-                    exp_shifted(sc, now, p[r], KB);                                            \
-                    mx[i] = now, l[i] = l[i] * alpha[r] + sum32(p[r]);                         \
-                }                                                                              \
-                for (int64_t r = 0; r < RB; r += 2) {                                          \
-                    float *oa = o + (i0 + r) * D, *ob = oa + D;                                \
-                    if (live[r] && r + 1 < RB && live[r + 1])                                  \
-                        accumulate2(oa, ob, D, alpha[r], alpha[r + 1], p[r], p[r + 1], vrow, nk); \
-                    else {                                                                     \
-                        if (live[r]) accumulate(oa, D, alpha[r], p[r], vrow, nk);              \
-                        if (r + 1 < RB && live[r + 1])                                         \
-                            accumulate(ob, D, alpha[r + 1], p[r + 1], vrow, nk);               \
-                    }                                                                          \
-                }                                                                              \
-            }                                                                                  \
+                     const int64_t *pos, float *mx, float *l, float *o, float *kt, float *sc,  \
+                     int64_t *span) {                                                          \
+        const int64_t D = (DIM);                                                               \
+        if (k_lo < k_hi)                                                                       \
+            prefetch_panel(j, slots, k_lo, k_hi, g * KV_ROW(D), j->Hkv * KV_ROW(D),            \
+                           KV_ROW(D) * (int64_t)sizeof(kv_t));                                 \
+        for (int64_t k0 = k_lo; k0 < k_hi; k0 += SP) {                                         \
+            const int64_t n = k_hi - k0 < SP ? k_hi - k0 : SP;                                 \
+            score_step(j, D, g, slots, k0, n, k_hi, m, q, qq, kt, sc);                         \
+            softmax_step(D, k0, n, m, pos, j->window, sc, span, mx, l, o);                     \
+            value_step(j, D, g, slots, k0, n, m, span, sc, kt + D * KB, o);                    \
         }                                                                                      \
     }
 
@@ -344,10 +266,12 @@ ATTEND_KEYS(keys_any, j->D)
 
 typedef void (*keys_fn)(const job_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
                         const float *const *, const qrows_t *, const int64_t *, float *, float *,
-                        float *, float *);
+                        float *, float *, float *, int64_t *);
 
 typedef struct { /* one thread's buffers, for QT x group rows */
     float *kt, *mx, *l, *o;
+    float *sc;     /* a softmax step's scores, [QT x group][SP] */
+    int64_t *span; /* each row's visible offsets in the step */
     const float **q;
     int64_t *pos;
     int8_t *qc; /* the rows rounded to int8 (KV_VNNI), with their scales and code sums */
@@ -408,7 +332,7 @@ static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch
     const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
     keys(j, g, j->slots + info[3], lo, pos0 + last, m, s->q, &qq, s->pos, s->mx, s->l, s->o,
-         s->kt);
+         s->kt, s->sc, s->span);
     finish_rows(j, m, s);
 }
 
@@ -426,12 +350,12 @@ static void shared_item(const job_t *j, const item_t *it, keys_fn keys, scratch_
     const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
     keys(j, g, j->slots + j->seqs[4 * first + 3], 0, shared, m, s->q, &qq, s->pos, s->mx, s->l,
-         s->o, s->kt);
+         s->o, s->kt, s->sc, s->span);
     for (int64_t r = 0; r < m; r += group) {
         const int64_t *info = j->seqs + 4 * (first + r / group);
         const qrows_t own = rows_from(&qq, r, j->D);
         keys(j, g, j->slots + info[3], shared, info[2], group, s->q + r, &own, s->pos + r,
-             s->mx + r, s->l + r, s->o + r * j->D, s->kt);
+             s->mx + r, s->l + r, s->o + r * j->D, s->kt, s->sc, s->span);
     }
     finish_rows(j, m, s);
 }
@@ -444,11 +368,12 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
                    malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
                    malloc(sizeof(float) * rows * j->D),
+                   aligned_alloc(64, sizeof(float) * rows * SP), malloc(sizeof(int64_t) * rows * 2),
                    malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows),
                    malloc((size_t)(rows * j->D)), malloc(sizeof(float) * rows),
                    malloc(sizeof(int32_t) * rows)};
     const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
-    if (!s.kt || !s.mx || !s.l || !s.o || !s.q || !s.pos || !s.qc || !s.qs || !s.qsum) {
+    if (!s.kt || !s.mx || !s.l || !s.o || !s.sc || !s.span || !s.q || !s.pos || !s.qc || !s.qs || !s.qsum) {
         atomic_store(&j->status, 1);
     } else {
         for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;) {
@@ -460,6 +385,8 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     free(s.mx);
     free(s.l);
     free(s.o);
+    free(s.sc);
+    free(s.span);
     free(s.q);
     free(s.pos);
     free(s.qc);

@@ -1,11 +1,11 @@
 /* How prefill_attention.c's many-row kernels load and score a panel of keys: the float path
- * (load_panel, scores) or, in the KV_INT8 build where the CPU has AVX512-VNNI (kv_int8.h: the
+ * (load_panel_keys, scores) or, in the KV_INT8 build where the CPU has AVX512-VNNI (kv_int8.h: the
  * rule, the query rounding), integer scores. The float path widens each key's codes and
  * transposes them into a float panel, then spends a 16-lane FMA per 16 keys and dimension; the
  * integer one transposes the panel's codes by 4-byte groups (16 keys per register) and one
  * vpdpbusd gives 64 products of a query row's int8 codes with 16 keys' codes. Included once
- * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB, load_panel, scores and (integer
- * scores) transpose16 and widen_row. */
+ * prefill_attention.c has defined job_t, kv_t, vf, KB, NV, RB and scores, and prefill_panels.h
+ * load_panel_keys and (integer scores) transpose16. */
 #ifndef KVCLI_PREFILL_SCORES_H
 #define KVCLI_PREFILL_SCORES_H
 
@@ -29,15 +29,6 @@ static inline void load_codes(const uint8_t *k, int64_t D, const int64_t *at, __
             for (int i = 0; i < 16; i++) kq[2 * (d0 / 4 + i) + h] = _mm512_castps_si512(r[i]);
         }
     for (int t = 0; t < 32; t++) kv8_params(k + at[t], D, &sk[t], &bk[t]);
-}
-
-/* The panel's V rows widened into vb [KB][D] (their addresses in vrow), as load_key's. */
-static inline void load_values(const job_t *j, int64_t D, const int64_t *at, float *vb,
-                               const float **vrow) {
-    for (int64_t t = 0; t < KB; t++) {
-        widen_row(j->v + at[t], D, vb + t * D);
-        vrow[t] = vb + t * D;
-    }
 }
 
 /* The raw dot products of RB query rows (codes qc[r], scale sq[r], code sum qs[r]) with the
@@ -76,19 +67,18 @@ typedef struct {
     const int32_t *sum;
 } qrows_t;
 
-/* The panel in the form its scores take: float K transposed (load_panel), or with quantized
- * rows the codes transposed as bytes into kt, each key's scale and bias, V widened. */
-static inline void panel_in(const job_t *j, int64_t D, const int64_t *at, float *kt, float *vb,
-                            const float **vrow, const qrows_t *qq, float *sk, float *bk) {
+/* The panel's keys in the form their scores take: float K transposed (load_panel_keys), or with
+ * quantized rows the codes transposed as bytes into kt and each key's scale and bias. */
+static inline void panel_keys(const job_t *j, int64_t D, const int64_t *at, float *kt, float *vb,
+                              const qrows_t *qq, float *sk, float *bk) {
 #if defined(KV_VNNI)
     if (qq->c) {
         load_codes(j->k, D, at, (__m512i *)kt, sk, bk);
-        load_values(j, D, at, vb, vrow);
         return;
     }
 #endif
     (void)qq, (void)sk, (void)bk;
-    load_panel(j, D, at, kt, vb, vrow);
+    load_panel_keys(j, D, at, kt, vb);
 }
 
 /* Raw scores of rows i0 .. i0 + RB (of m; past m: row i0 again) against the panel. */
