@@ -11,16 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Thread-pool manners, set before torch or NumPy load (a user's own setting wins). CPU matmuls
-# run on NumPy's OpenBLAS threads, element-wise ops on torch's OpenMP pool, decode attention on
-# the native kernel's threads: all on the same few cores. Idle OpenMP threads must sleep, not
-# spin (spinning made decode steps 4-20x slower on 2 cores), and OpenBLAS threads spin 2^20
-# cycles (~0.3 ms) instead of its default 2^28 (~0.1 s), long enough to bridge the gaps
-# between one layer's matmuls but not to steal a core from the attention kernel between layers
-# (its in-situ time halved: docs/BENCHMARKS.md).
-THREAD_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "20"}
+# Thread-pool manners, set before torch or NumPy load (a user's own setting wins). Element-wise
+# ops and oneDNN's matmuls run on torch's OpenMP pool, the native kernels on kvcli's own
+# threads (native/pool.c), NumPy's matmuls on OpenBLAS's: all on the same few cores. OpenMP
+# threads spin GOMP_SPINCOUNT = 30,000 pauses (~1-2 ms) after a parallel region, then sleep:
+# sleeping at once (OMP_WAIT_POLICY=PASSIVE, the rule until 2026-12-07) left each of a prefill
+# layer's ~14 torch calls waiting for a woken thread, 28% of two cores idle in fast's prefill
+# (distinct 7.1-7.4 -> 6.3-6.6 s, paired; exact and decode-1 unchanged); spinning without bound
+# (libgomp's ACTIVE) made decode steps 4-20x slower on 2 cores. A user's OMP_WAIT_POLICY keeps
+# libgomp's own spin for it. OpenBLAS threads spin 2^20 cycles (~0.3 ms) instead of its
+# default 2^28 (~0.1 s), long enough to bridge one layer's matmuls but not to steal a core from
+# the attention kernel between layers (its in-situ time halved: docs/BENCHMARKS.md).
+THREAD_ENV_DEFAULTS = {"GOMP_SPINCOUNT": "30000", "OPENBLAS_THREAD_TIMEOUT": "20"}
 for _key, _value in THREAD_ENV_DEFAULTS.items():
-    os.environ.setdefault(_key, _value)
+    if _key != "GOMP_SPINCOUNT" or "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault(_key, _value)
 
 # The `kvcli` command: exit cleanly on Ctrl-C from here on, before any heavy import
 # (kvcli/startup.py says why). `import kvcli` in a program of its own changes nothing.

@@ -114,6 +114,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "threads": threads,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
     }

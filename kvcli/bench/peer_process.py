@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kvcli import THREAD_ENV_DEFAULTS
+
 
 def peer_env(defaults: dict[str, str]) -> dict[str, str]:
     """This environment plus `defaults` (a value already set wins), without kvcli's own
-    threading knobs: OMP_WAIT_POLICY and OPENBLAS_THREAD_TIMEOUT tune kvcli's pools, and
-    a peer runs as it ships."""
+    threading knobs (kvcli.THREAD_ENV_DEFAULTS, and OMP_WAIT_POLICY, which decides whether
+    kvcli sets GOMP_SPINCOUNT): they tune kvcli's pools, and a peer runs as it ships."""
     env = dict(os.environ)
     for key, value in defaults.items():
         env.setdefault(key, value)
-    for key in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"):
+    for key in ("OMP_WAIT_POLICY", *THREAD_ENV_DEFAULTS):
         env.pop(key, None)
     return env
 
