@@ -114,6 +114,26 @@ def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, w
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("window", [None, 300])
+def test_prefill_across_softmax_steps_over_the_codes(window, native_lib,  # noqa: F811
+                                                     monkeypatch):
+    """Contexts longer than one 256-key softmax step, over the codes (see the float build's)."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    rng = random.Random(11)
+    torch.manual_seed(11)
+    heads, kv_heads, dim = 9, 3, 64
+    computed, new = [300, 0, 700], [40, 540, 1]
+    tables = shuffled_tables(rng, computed, new, pool_blocks=110)
+    kv8 = quantized(native_lib, torch.randn(2, 110 * BLOCK, kv_heads, dim) * 3 + 0.5)
+    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    chosen = backend(native_lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    scale = dim ** -0.5
+    got = chosen.layer(LayerAttention(scale, window)).forward(q, k, v, kv8, meta)
+    want = expected(native_lib, kv8, q, tables, computed, new, window, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_shared_prefix_decode_equals_float64_over_the_codes(threads, native_lib,  # noqa: F811
                                                             monkeypatch):

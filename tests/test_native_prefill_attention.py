@@ -2,7 +2,7 @@
 
 Sequences of a step are laid out over shuffled blocks of the paged cache, with cached context
 before their new queries (chunked prefill, prefix hits), query counts across the kernel's
-16-position tiles and keys across its 32-key panels, grouped KV heads (1, 3, 4 queries per KV
+16-position tiles and keys across its 32-key panels and 256-key softmax steps, grouped KV heads (1, 3, 4 queries per KV
 head), head sizes with and without a compiled-in variant, sliding windows, decode tokens in
 the same step (the decode kernel takes those), and 1 or more threads.
 """
@@ -84,6 +84,27 @@ def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_li
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("window", [None, 300])
+def test_prefill_across_softmax_steps_equals_float64(window, native_lib,  # noqa: F811
+                                                     monkeypatch):
+    """Contexts longer than one softmax step (256 keys): a chunk after 300 cached tokens, a
+    540-token prompt, a decode token at 700; a window that starts inside a step."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    rng = random.Random(7)
+    torch.manual_seed(7)
+    heads, kv_heads, dim = 9, 3, 64
+    computed, new = [300, 0, 700], [40, 540, 1]
+    tables = shuffled_tables(rng, computed, new, pool_blocks=110)
+    kv = torch.randn(2, 110 * BLOCK, kv_heads, dim)
+    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    backend = native_backend(native_lib)
+    meta = backend.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    scale = dim ** -0.5
+    got = backend.layer(LayerAttention(scale, window)).forward(q, k, v, kv, meta)
+    want = reference(q, kv, tables, computed, new, window, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_shared_prefix_decode_equals_float64(threads, native_lib, monkeypatch):  # noqa: F811
     """Decode tokens of sequences sharing cached blocks read them once per group (two groups
@@ -115,4 +136,28 @@ def test_shared_prefix_decode_equals_float64(threads, native_lib, monkeypatch): 
     scale = dim ** -0.5
     got = backend.layer(LayerAttention(scale)).forward(q, k, v, kv, meta)
     want = reference(q, kv, tables, computed, new, None, scale)
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_shared_prefix_longer_than_a_softmax_step(native_lib, monkeypatch):  # noqa: F811
+    """17 decode tokens share a 320-token prefix (two softmax steps), then their own tails."""
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    torch.manual_seed(9)
+    heads, kv_heads, dim = 9, 3, 64
+    prefix, nxt = list(range(20)), 20
+    tables, computed, new = [], [], []
+    for i in range(17):
+        own = 1 + i % 2
+        tables.append(prefix + list(range(nxt, nxt + own)))
+        nxt += own
+        computed.append(len(prefix) * BLOCK + own * BLOCK - 1 - i % 7)
+        new.append(1)
+    kv = torch.randn(2, nxt * BLOCK, kv_heads, dim)
+    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    backend = native_backend(native_lib)
+    meta = backend.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    assert meta.shared_decode is not None
+    assert meta.shared_decode.groups.tolist() == [[0, 17, 320]]
+    got = backend.layer(LayerAttention(0.125)).forward(q, k, v, kv, meta)
+    want = reference(q, kv, tables, computed, new, None, 0.125)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
