@@ -134,6 +134,32 @@ def test_prefill_across_softmax_steps_over_the_codes(window, native_lib,  # noqa
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_rows_of_the_fused_projection_are_read_in_place(int8, native_lib):  # noqa: F811
+    """q, k, v as views of one [T, (H + 2 Hkv) D] projection (rows 960 floats apart, as the
+    model hands them over) give bit for bit what their contiguous copies give: K/V written
+    (int8: quantized) and every kernel read from the rows where they lie."""
+    from test_native_prefill_attention import native_backend
+
+    torch.manual_seed(3)
+    heads, kv_heads, dim = 9, 3, 64
+    computed, new = [0, 40, 33, 290], [17, 16, 1, 1]
+    tables = shuffled_tables(random.Random(3), computed, new, pool_blocks=40)
+    chosen = backend(native_lib) if int8 else native_backend(native_lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    qkv = torch.randn(sum(new), (heads + 2 * kv_heads) * dim)
+    q, k, v = (t.view(sum(new), -1, dim) for t in qkv.split([heads * dim, kv_heads * dim,
+                                                               kv_heads * dim], dim=1))
+    assert not q.is_contiguous() and not k.is_contiguous()
+    base = torch.randn(2, 40 * BLOCK, kv_heads, dim)
+    results = []
+    for views in ((q, k, v), (q.contiguous(), k.contiguous(), v.contiguous())):
+        kv = quantized(native_lib, base) if int8 else base.clone()
+        out = chosen.layer(LayerAttention(dim ** -0.5)).forward(*views, kv, meta)
+        results.append((out, kv))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_shared_prefix_decode_equals_float64_over_the_codes(threads, native_lib,  # noqa: F811
                                                             monkeypatch):

@@ -165,8 +165,7 @@ def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: NativeMetadata
     shared = meta.shared_decode if window is None else None  # a window may hide the prefix
     if shared is None and meta.paged_prefill is None and decode is not None:
         return _decode(lib, q, kv_layer, decode, block_size, window, scale)  # pure decode
-    q = q.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype)
+    out = torch.empty(q.shape, dtype=q.dtype)  # q's rows are read where they lie
     if shared is not None:
         native.shared_decode_attention(lib, q, kv_layer, shared.slots, shared.seqs,
                                        shared.groups, out, scale)

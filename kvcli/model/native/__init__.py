@@ -53,15 +53,15 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 7, ctypes.c_float, I64]
         fn.restype = ctypes.c_int
         fn = getattr(lib, f"kvcli_paged_prefill_attention{suffix}")
-        fn.argtypes = [F32P, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
+        fn.argtypes = [F32P, I64, F32P, F32P, I64P, I64P, F32P, *[I64] * 5, ctypes.c_float, I64]
         fn.restype = ctypes.c_int
         fn = getattr(lib, f"kvcli_shared_decode_attention{suffix}")
-        fn.argtypes = [F32P, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4, ctypes.c_float,
-                       I64]
+        fn.argtypes = [F32P, I64, F32P, F32P, I64P, I64P, I64P, F32P, *[I64] * 4,
+                       ctypes.c_float, I64]
         fn.restype = ctypes.c_int
         fn = getattr(lib, f"kvcli_attention_int_scores{suffix}")
         fn.argtypes, fn.restype = [I64], I64
-    lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 3]
+    lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 4]
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
@@ -150,10 +150,19 @@ def _kernel(lib: ctypes.CDLL, name: str, kv_layer: torch.Tensor) -> Any:
 def quantize_kv(lib: ctypes.CDLL, x: torch.Tensor, slots: torch.Tensor,
                 cache: torch.Tensor) -> None:
     """New K or V rows ``x`` [T, Hkv, D] float32 into ``cache``'s int8 rows (kv_int8.h) at
-    ``slots``; ``cache`` [num_slots, Hkv, D + 8] uint8, contiguous."""
-    x = x.contiguous()
+    ``slots``; ``cache`` [num_slots, Hkv, D + 8] uint8, contiguous. ``x``'s rows may lie apart
+    (a view of the fused QKV projection's output): read in place."""
+    x = rows_in_place(x)
     lib.kvcli_quantize_kv(x.data_ptr(), slots.data_ptr(), cache.data_ptr(), x.shape[0],
-                          x.shape[1], x.shape[2])
+                          x.shape[1], x.shape[2], x.stride(0))
+
+
+def rows_in_place(x: torch.Tensor) -> torch.Tensor:
+    """A [T, heads, D] float32 tensor whose rows the kernels can read where they lie (each row
+    contiguous, rows any distance apart): ``x`` itself when it is so, else a contiguous copy."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) >= x.shape[1] * x.shape[2]:
+        return x
+    return x.contiguous()
 
 
 def paged_decode_attention(
@@ -180,7 +189,7 @@ def paged_decode_attention(
 
 def paged_prefill_attention(
     lib: ctypes.CDLL,
-    q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
+    q: torch.Tensor,  # [T, H, D] float32, each row contiguous: every row of the step
     kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32 (or int8 rows), new K/V written
     slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
     seqs: torch.Tensor,  # [S, 4] int64: first q row, q_len, context length, first slot index
@@ -188,10 +197,12 @@ def paged_prefill_attention(
     window: int | None,
     scale: float,
 ) -> None:
-    """Causal attention of each listed sequence's new queries over its paged context."""
+    """Causal attention of each listed sequence's new queries over its paged context. ``q``'s
+    rows may lie apart (rows_in_place); ``out`` is contiguous."""
+    q = rows_in_place(q)
     _, num_heads, head_dim = q.shape
     status = _kernel(lib, "kvcli_paged_prefill_attention", kv_layer)(
-        q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
+        q.data_ptr(), q.stride(0), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
         seqs.data_ptr(), out.data_ptr(), seqs.shape[0], num_heads, kv_layer.shape[2], head_dim,
         window or 0, scale, num_threads())
     if status:
@@ -207,7 +218,7 @@ def int_scores(lib: ctypes.CDLL, kv_layer: torch.Tensor, head_dim: int) -> bool:
 
 def shared_decode_attention(
     lib: ctypes.CDLL,
-    q: torch.Tensor,  # [T, H, D] float32, contiguous: every row of the step
+    q: torch.Tensor,  # [T, H, D] float32, each row contiguous: every row of the step
     kv_layer: torch.Tensor,  # [2, num_slots, Hkv, D] float32 (or int8 rows), new K/V written
     slots: torch.Tensor,  # int64: the listed sequences' context slots, concatenated
     seqs: torch.Tensor,  # [S, 4] int64 as for prefill, q_len 1, listed group by group
@@ -215,10 +226,12 @@ def shared_decode_attention(
     out: torch.Tensor,  # [T, H, D]: the listed sequences' rows are written
     scale: float,
 ) -> None:
-    """Decode tokens of sequences sharing a cached prefix: the prefix read once per group."""
+    """Decode tokens of sequences sharing a cached prefix: the prefix read once per group.
+    ``q``'s rows may lie apart (rows_in_place); ``out`` is contiguous."""
+    q = rows_in_place(q)
     _, num_heads, head_dim = q.shape
     status = _kernel(lib, "kvcli_shared_decode_attention", kv_layer)(
-        q.data_ptr(), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
+        q.data_ptr(), q.stride(0), kv_layer[0].data_ptr(), kv_layer[1].data_ptr(), slots.data_ptr(),
         seqs.data_ptr(), groups.data_ptr(), out.data_ptr(), groups.shape[0], num_heads,
         kv_layer.shape[2], head_dim, scale, num_threads())
     if status:

@@ -31,15 +31,16 @@ void kvcli_silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t 
 void kvcli_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
                 int64_t heads, int64_t head_dim, int64_t threads);
 void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int64_t num_tokens,
-                       int64_t num_kv_heads, int64_t head_dim);
-typedef int (*attention_fn)(const float *q, const void *k, const void *v, const int64_t *slots,
+                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride);
+typedef int (*attention_fn)(const float *q, int64_t q_stride, const void *k, const void *v,
+                            const int64_t *slots,
                             const int64_t *seqs, float *out, int64_t num_seqs, int64_t num_heads,
                             int64_t num_kv_heads, int64_t head_dim, int64_t window, float scale,
                             int64_t num_threads);
-int kvcli_paged_prefill_attention(const float *, const float *, const float *, const int64_t *,
-                                  const int64_t *, float *, int64_t, int64_t, int64_t, int64_t,
-                                  int64_t, float, int64_t);
-int kvcli_paged_prefill_attention_int8(const float *, const uint8_t *, const uint8_t *,
+int kvcli_paged_prefill_attention(const float *, int64_t, const float *, const float *,
+                                  const int64_t *, const int64_t *, float *, int64_t, int64_t,
+                                  int64_t, int64_t, int64_t, float, int64_t);
+int kvcli_paged_prefill_attention_int8(const float *, int64_t, const uint8_t *, const uint8_t *,
                                        const int64_t *, const int64_t *, float *, int64_t,
                                        int64_t, int64_t, int64_t, int64_t, float, int64_t);
 
@@ -81,8 +82,8 @@ static int attend(const step_model *m, float *qkv, uint8_t *kv, int64_t slot,
     const int64_t D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
     uint8_t *k = kv, *v = kv + m->v_bytes;
     if (m->kv_int8) {
-        kvcli_quantize_kv(qkv + q_size, &slot, k, 1, m->kv_heads, D);
-        kvcli_quantize_kv(qkv + q_size + kv_size, &slot, v, 1, m->kv_heads, D);
+        kvcli_quantize_kv(qkv + q_size, &slot, k, 1, m->kv_heads, D, kv_size);
+        kvcli_quantize_kv(qkv + q_size + kv_size, &slot, v, 1, m->kv_heads, D, kv_size);
     } else {
         memcpy(k + slot * m->row_bytes, qkv + q_size, sizeof(float) * kv_size);
         memcpy(v + slot * m->row_bytes, qkv + q_size + kv_size, sizeof(float) * kv_size);
@@ -90,7 +91,8 @@ static int attend(const step_model *m, float *qkv, uint8_t *kv, int64_t slot,
     const int64_t seqs[4] = {0, 1, context_len, 0}; /* first row, rows, context, first slot */
     const attention_fn fn = m->kv_int8 ? (attention_fn)kvcli_paged_prefill_attention_int8
                                        : (attention_fn)kvcli_paged_prefill_attention;
-    return fn(qkv, k, v, context, seqs, out, 1, m->heads, m->kv_heads, D, 0, m->scale, threads);
+    return fn(qkv, q_size, k, v, context, seqs, out, 1, m->heads, m->kv_heads, D, 0, m->scale,
+              threads);
 }
 
 /* h [hidden]: the token's embedding in, the residual stream after the last layer out; out

@@ -8,11 +8,11 @@
 #include "paged_attention.c"
 
 void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int64_t num_tokens,
-                       int64_t num_kv_heads, int64_t head_dim) {
+                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride) {
     const int64_t D = head_dim, R = kv8_row(D);
     for (int64_t t = 0; t < num_tokens; t++)
         for (int64_t h = 0; h < num_kv_heads; h++) {
-            const float *src = x + (t * num_kv_heads + h) * D;
+            const float *src = x + t * row_stride + h * D; /* rows: the fused projection's */
             uint8_t *dst = cache + (slots[t] * num_kv_heads + h) * R;
             float lo = src[0], hi = src[0];
             for (int64_t d = 1; d < D; d++) {

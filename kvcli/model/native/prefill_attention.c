@@ -60,7 +60,8 @@ typedef struct {
 enum { PREFILL, SHARED };
 
 typedef struct {
-    const float *q;         /* [T, H, D] */
+    const float *q;         /* [T, H, D], rows q_stride floats apart (the fused projection's) */
+    int64_t q_stride;
     const kv_t *k, *v;      /* [num_slots, Hkv, KV_ROW(D)] */
     const int64_t *slots;   /* flat slots of every listed sequence's context, concatenated */
     const int64_t *seqs;    /* [S, 4]: first q row, q_len, context length, first slot index */
@@ -273,7 +274,7 @@ typedef struct { /* one thread's buffers, for QT x group rows */
     float *sc;     /* a softmax step's scores, [QT x group][SP] */
     int64_t *span; /* each row's visible offsets in the step */
     const float **q;
-    int64_t *pos;
+    int64_t *pos, *dst; /* each row's position, and its offset in out */
     int8_t *qc; /* the rows rounded to int8 (KV_VNNI), with their scales and code sums */
     float *qs;
     int32_t *qsum;
@@ -298,9 +299,13 @@ static inline qrows_t rows_from(const qrows_t *qq, int64_t r, int64_t D) {
     return (qrows_t){qq->c + r * D, qq->s + r, qq->sum + r};
 }
 
-/* Row r of sequence `seq`'s query `i` for query head `hh`. */
-static inline const float *query(const job_t *j, const int64_t *info, int64_t i, int64_t hh) {
-    return j->q + ((info[0] + i) * j->H + hh) * j->D;
+/* Where row `i` of sequence `seq` for query head `hh` lies in q (and out: [T, H, D]). */
+static inline int64_t query_at(const job_t *j, const int64_t *info, int64_t i, int64_t hh) {
+    return (info[0] + i) * j->q_stride + hh * j->D;
+}
+
+static inline int64_t out_at(const job_t *j, const int64_t *info, int64_t i, int64_t hh) {
+    return ((info[0] + i) * j->H + hh) * j->D;
 }
 
 static void start_rows(const job_t *j, int64_t m, scratch_t *s) {
@@ -312,7 +317,7 @@ static void start_rows(const job_t *j, int64_t m, scratch_t *s) {
 
 static void finish_rows(const job_t *j, int64_t m, const scratch_t *s) {
     for (int64_t i = 0; i < m; i++) {
-        float *dst = j->out + (s->q[i] - j->q); /* out is laid out as q */
+        float *dst = j->out + s->dst[i];
         const float inv = 1.0f / s->l[i];
         for (int64_t d = 0; d < j->D; d++) dst[d] = s->o[i * j->D + d] * inv;
     }
@@ -325,7 +330,8 @@ static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch
     const int64_t q_len = info[1], pos0 = info[2] - q_len, first = it->first;
     const int64_t last = first + QT < q_len ? first + QT : q_len, m = (last - first) * group;
     for (int64_t i = 0; i < m; i++) {
-        s->q[i] = query(j, info, first + i / group, g * group + i % group);
+        s->q[i] = j->q + query_at(j, info, first + i / group, g * group + i % group);
+        s->dst[i] = out_at(j, info, first + i / group, g * group + i % group);
         s->pos[i] = pos0 + first + i / group;
     }
     const int64_t lo = w > 0 && pos0 + first - w + 1 > 0 ? pos0 + first - w + 1 : 0;
@@ -344,7 +350,8 @@ static void shared_item(const job_t *j, const item_t *it, keys_fn keys, scratch_
     const int64_t last = first + QT < end ? first + QT : end, m = (last - first) * group;
     for (int64_t i = 0; i < m; i++) {
         const int64_t *info = j->seqs + 4 * (first + i / group);
-        s->q[i] = query(j, info, 0, g * group + i % group);
+        s->q[i] = j->q + query_at(j, info, 0, g * group + i % group);
+        s->dst[i] = out_at(j, info, 0, g * group + i % group);
         s->pos[i] = info[2] - 1;
     }
     const qrows_t qq = quantized_rows(j, m, s);
@@ -370,10 +377,12 @@ static void run_part(const void *args, int64_t t, int64_t n) {
                    malloc(sizeof(float) * rows * j->D),
                    aligned_alloc(64, sizeof(float) * rows * SP), malloc(sizeof(int64_t) * rows * 2),
                    malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows),
+                   malloc(sizeof(int64_t) * rows),
                    malloc((size_t)(rows * j->D)), malloc(sizeof(float) * rows),
                    malloc(sizeof(int32_t) * rows)};
     const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
-    if (!s.kt || !s.mx || !s.l || !s.o || !s.sc || !s.span || !s.q || !s.pos || !s.qc || !s.qs || !s.qsum) {
+    if (!s.kt || !s.mx || !s.l || !s.o || !s.sc || !s.span || !s.q || !s.pos || !s.dst ||
+        !s.qc || !s.qs || !s.qsum) {
         atomic_store(&j->status, 1);
     } else {
         for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->num_items;) {
@@ -389,6 +398,7 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     free(s.span);
     free(s.q);
     free(s.pos);
+    free(s.dst);
     free(s.qc);
     free(s.qs);
     free(s.qsum);
@@ -415,7 +425,8 @@ int64_t KV_NAME(kvcli_attention_int_scores)(int64_t head_dim) {
 
 /* Returns 0 on success, 1 when memory ran out. Every listed sequence's K/V, the new tokens'
  * included, must already be in the cache. */
-int KV_NAME(kvcli_paged_prefill_attention)(const float *q, const kv_t *k, const kv_t *v,
+int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, const kv_t *k,
+                                  const kv_t *v,
                                   const int64_t *slots, const int64_t *seqs, float *out,
                                   int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                   int64_t head_dim, int64_t window, float scale,
@@ -429,14 +440,15 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, const kv_t *k, const 
     for (int64_t s = 0; s < num_seqs; s++)
         for (int64_t first = (seqs[4 * s + 1] - 1) / QT * QT; first >= 0; first -= QT)
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){PREFILL, s, g, first};
-    job_t job = {q, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim, window,
-                 scale, NULL, 0, 0, 0};
+    job_t job = {q, q_stride, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim,
+                 window, scale, NULL, 0, 0, 0};
     return run(&job, items, n, num_threads);
 }
 
 /* Decode tokens (q_len 1) of sequences listed group by group in `seqs`; group i's members
  * share their first groups[i][2] context slots (whole cached blocks). No sliding window. */
-int KV_NAME(kvcli_shared_decode_attention)(const float *q, const kv_t *k, const kv_t *v,
+int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, const kv_t *k,
+                                  const kv_t *v,
                                   const int64_t *slots, const int64_t *seqs,
                                   const int64_t *groups, float *out, int64_t num_groups,
                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -449,7 +461,7 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, const kv_t *k, const 
     for (int64_t gi = 0; gi < num_groups; gi++)
         for (int64_t first = 0; first < groups[3 * gi + 1]; first += QT)
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
-    job_t job = {q, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim, 0, scale,
-                 NULL, 0, 0, 0};
+    job_t job = {q, q_stride, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim,
+                 0, scale, NULL, 0, 0, 0};
     return run(&job, items, n, num_threads);
 }
