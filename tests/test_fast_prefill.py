@@ -137,3 +137,41 @@ def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch, family):
     assert max(errors) < 3e-2, errors  # int8 weights, then bf16 or int8 activations
     assert torch.equal(mlp(few), mlp.down_proj(mlp.act_and_mul(mlp.routes,
                                                                 mlp.gate_up_proj(few))))
+
+
+def test_rms_norm_in_bfloat16_rounds_as_torch():
+    """The norm's bf16 pass equals its float32 result rounded by torch, bit for bit (ties to
+    even, large and tiny magnitudes; a NaN row stays NaN)."""
+    lib = native.load()
+    if lib is None:
+        pytest.skip("needs the native kernels")
+    torch.manual_seed(0)
+    x = torch.randn(97, 576) * torch.logspace(-6, 6, 97)[:, None]
+    x[5, 7] = float("nan")
+    weight = torch.randn(576)
+    wide = native.rms_norm(lib, x, weight, 1e-5)
+    narrow = native.rms_norm(lib, x, weight, 1e-5, narrow=True)
+    rounded = wide.to(torch.bfloat16)
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow.isnan(), rounded.isnan())
+    numbers = ~rounded.isnan()  # a NaN stays a NaN (torch writes its own NaN pattern)
+    assert torch.equal(narrow.view(torch.int16)[numbers], rounded.view(torch.int16)[numbers])
+
+
+@needs_both
+def test_norms_read_by_a_copy_hand_over_bfloat16(tiny_models, monkeypatch):
+    """A pre-norm layer's two norms feed matmuls with a copy: many rows leave them in bf16 (what
+    the copy would round them to), few rows in float32; the layer's output is unchanged."""
+    monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    with_flags(monkeypatch, BF16_CPU)
+    model = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8").engine.model
+    layer = model.model.layers[0]
+    assert layer.attn_in.feeds_bf16_copy and layer.mlp_in.feeds_bf16_copy
+    assert not model.model.norm.feeds_bf16_copy  # read by the output layer, which has no copy
+    hidden = layer.mlp_in.weight.shape[0]
+    many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
+    assert layer.mlp_in(many).dtype == torch.bfloat16 and layer.mlp_in(few).dtype == torch.float32
+    mlp = layer.mlp
+    layer.mlp_in.feeds_bf16_copy = False
+    wide = mlp(layer.mlp_in(many))
+    layer.mlp_in.feeds_bf16_copy = True
+    assert torch.equal(mlp(layer.mlp_in(many)), wide)

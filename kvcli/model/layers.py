@@ -127,9 +127,14 @@ class RMSNorm(Routed):
         self.eps = eps
         self.weight = empty_param((size,), dtype, device)
 
+    # Set where the norm's only reader is a matmul with fast's bfloat16 prefill copy
+    # (quant/apply.py): rows that run the copy get the norm in bfloat16, rounded in its pass.
+    feeds_bf16_copy = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm
-            return self.routes.rms_norm(x, self.weight, self.eps)
+            narrow = self.feeds_bf16_copy and self.routes.runs_bf16_copy(x)
+            return self.routes.rms_norm(x, self.weight, self.eps, narrow)
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)

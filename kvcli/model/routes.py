@@ -110,11 +110,14 @@ class KernelRoutes:
         instead of the integer kernels (quant/int_weights.py, decoder.GatedMLP)."""
         return 0 < self.bf16_prefill_rows * x.shape[-1] <= x.numel()
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """transformers' RMSNorm of a float32 ``x`` (one fused kernel instead of six ops)."""
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 narrow: bool = False) -> torch.Tensor:
+        """transformers' RMSNorm of a float32 ``x`` (one fused kernel instead of six ops);
+        ``narrow``: rounded to bfloat16 (for fast's bf16 prefill copy that reads it)."""
         if self.native is not None and _takes(x):  # one pass, threaded over rows
-            return native.rms_norm(self.native, x, weight, eps)
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+            return native.rms_norm(self.native, x, weight, eps, narrow)
+        y = F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return y.to(torch.bfloat16) if narrow else y
 
     def act_and_mul(self, gate_up: torch.Tensor, act: Activation, silu: bool) -> torch.Tensor:
         """act(gate) * up over a fused ``[..., 2 * intermediate]`` projection."""

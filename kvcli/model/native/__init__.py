@@ -68,9 +68,11 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_gemv.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 3]
     lib.kvcli_gemv.restype = ctypes.c_int
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
+    lib.kvcli_rms_norm_bf16.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
-    for name in ("kvcli_gemm", "kvcli_gemm_nt", "kvcli_rms_norm", "kvcli_silu_and_mul", "kvcli_rope"):
+    for name in ("kvcli_gemm", "kvcli_gemm_nt", "kvcli_rms_norm", "kvcli_rms_norm_bf16",
+                 "kvcli_silu_and_mul", "kvcli_rope"):
         getattr(lib, name).restype = None
     # Quantized weights (qgemm.c; called from kvcli/model/quant/weights.py).
     lib.kvcli_qgemm.argtypes = [I64, F32P, F32P, F32P, F32P, F32P, *[I64] * 4]
@@ -273,12 +275,15 @@ def gemm_nt(lib: ctypes.CDLL, x: torch.Tensor, weight_out_in: torch.Tensor) -> t
     return y
 
 
-def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm over the last dim of a contiguous float32 ``x``."""
-    out = torch.empty_like(x)
+def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float,
+             narrow: bool = False) -> torch.Tensor:
+    """transformers' RMSNorm over the last dim of a contiguous float32 ``x``; ``narrow``: the
+    result rounded to bfloat16 as ``.to(torch.bfloat16)`` rounds it, in the same pass."""
+    out = torch.empty_like(x, dtype=torch.bfloat16 if narrow else torch.float32)
     dim = x.shape[-1]
-    lib.kvcli_rms_norm(x.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
-                       x.numel() // dim, dim, eps, num_threads())
+    kernel = lib.kvcli_rms_norm_bf16 if narrow else lib.kvcli_rms_norm
+    kernel(x.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(), x.numel() // dim, dim,
+           eps, num_threads())
     return out
 
 

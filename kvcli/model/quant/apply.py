@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from kvcli.model import native
-from kvcli.model.decoder import GatedMLP
+from kvcli.model.decoder import DecoderLayer, GatedMLP
 from kvcli.model.layers import Embedding, Linear, install_routes
 from kvcli.model.loader import _destination  # the loader's own name mapping (fused q/k/v, gate/up)
 from kvcli.model.packed import SwiGLU
@@ -116,6 +116,30 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
                 module.weight = packed
             else:
                 _set_linear_weight(module, packed)
+    if routes.bf16_prefill_rows:
+        _narrow_norms(model)
+
+
+def _has_copy(module: nn.Module) -> bool:
+    """Whether a Linear's (or a fused MLP's) many-row matmuls run fast's bfloat16 copy."""
+    if getattr(module, "wide", None) is not None:  # GatedMLP with a packed.SwiGLU
+        return True
+    weight = getattr(module, "weight", None)
+    parts = weight.parts if isinstance(weight, StackedWeight) else [weight]
+    return all(isinstance(p, IntWeight) and p.wide is not None for p in parts)
+
+
+def _narrow_norms(model: nn.Module) -> None:
+    """A pre-norm layer's two norms are read by one matmul each: where that matmul has a
+    bfloat16 copy, the norm hands its many rows over in bfloat16 (layers.RMSNorm), rounded in
+    its own pass instead of a conversion of the float32 rows before oneDNN."""
+    for layer in model.modules():
+        if not (isinstance(layer, DecoderLayer) and layer.pre_norm_only):
+            continue
+        readers = (layer.self_attn.qkv_proj, getattr(layer, layer.mlp_name))
+        for norm, reader in zip((layer.attn_in, layer.mlp_in), readers, strict=True):
+            if norm is not None and _has_copy(reader):
+                norm.feeds_bf16_copy = True
 
 
 def _takes_copy(model: nn.Module, module: nn.Module) -> bool:
