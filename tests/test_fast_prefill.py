@@ -170,6 +170,11 @@ def test_norms_read_by_a_copy_hand_over_bfloat16(tiny_models, monkeypatch):
     hidden = layer.mlp_in.weight.shape[0]
     many, few = torch.randn(BF16_PREFILL_ROWS, hidden), torch.randn(3, hidden)
     assert layer.mlp_in(many).dtype == torch.bfloat16 and layer.mlp_in(few).dtype == torch.float32
+    for norm in (layer.attn_in, layer.mlp_in):  # what the copy would have rounded, bit for bit
+        norm.feeds_bf16_copy = False
+        wide = norm(many).to(torch.bfloat16)
+        norm.feeds_bf16_copy = True
+        assert torch.equal(norm(many).view(torch.int16), wide.view(torch.int16))
     mlp = layer.mlp
     layer.mlp_in.feeds_bf16_copy = False
     wide = mlp(layer.mlp_in(many))

@@ -48,36 +48,39 @@ typedef struct {
     float eps;
 } rms_args;
 
-/* o[i] = y[i] rounded to bfloat16, i < n <= 64: integer operations on the bits, in a loop the
- * compiler vectorises (a per-value bit cast kept it scalar: the norm took 1.3x as long). */
-static inline void bf16_rounded(const float *y, uint16_t *o, int64_t n) {
-    uint32_t u[64];
-    memcpy(u, y, sizeof(float) * (size_t)n);
+/* One row's norm, float32. Out of line so that the float32 path and the bfloat16 one run the
+ * very same code: with -ffast-math an inlined copy may associate weight * (x * scale)
+ * differently, and a last-bit difference changes a bf16 rounding now and then. */
+__attribute__((noinline)) static void rms_row(const float *x, const float *weight, float eps,
+                                              int64_t n, float *o) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (x[i] * scale);
+}
+
+/* o[i] = y[i] rounded to bfloat16: integer operations on the bits, in a loop the compiler
+ * vectorises (a per-value bit cast kept it scalar: the norm took 1.3x as long). */
+static void bf16_rounded(const float *y, uint16_t *o, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const uint32_t nan = (u[i] & 0x7fffffffu) > 0x7f800000u; /* a NaN: quieted, kept */
-        o[i] = (uint16_t)(nan ? (u[i] >> 16) | 0x40u : (u[i] + 0x7fffu + ((u[i] >> 16) & 1u)) >> 16);
+        uint32_t u;
+        memcpy(&u, y + i, sizeof u);
+        const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u; /* a NaN: quieted, kept */
+        o[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
 }
 
 static void rms_rows(const void *a, int64_t begin, int64_t end) {
     const rms_args *p = (const rms_args *)a;
     const int64_t n = p->dim;
+    float row[p->narrow ? n : 1]; /* a hidden size: a few KB of the thread's stack */
     for (int64_t r = begin; r < end; r++) {
-        const float *x = p->x + r * n;
-        float sum = 0.0f;
-        for (int64_t i = 0; i < n; i++) sum += x[i] * x[i];
-        const float scale = 1.0f / sqrtf(sum / (float)n + p->eps);
-        if (p->narrow) {
-            for (int64_t c = 0; c < n; c += 64) {
-                const int64_t m = n - c < 64 ? n - c : 64;
-                float y[64];
-                for (int64_t i = 0; i < m; i++) y[i] = p->weight[c + i] * (x[c + i] * scale);
-                bf16_rounded(y, p->narrow + r * n + c, m);
-            }
+        if (!p->narrow) {
+            rms_row(p->x + r * n, p->weight, p->eps, n, p->out + r * n);
             continue;
         }
-        float *o = p->out + r * n;
-        for (int64_t i = 0; i < n; i++) o[i] = p->weight[i] * (x[i] * scale);
+        rms_row(p->x + r * n, p->weight, p->eps, n, row);
+        bf16_rounded(row, p->narrow + r * n, n);
     }
 }
 
