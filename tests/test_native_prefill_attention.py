@@ -2,9 +2,10 @@
 
 Sequences of a step are laid out over shuffled blocks of the paged cache, with cached context
 before their new queries (chunked prefill, prefix hits), query counts across the kernel's
-16-position tiles and keys across its 32-key panels and 256-key softmax steps, grouped KV heads (1, 3, 4 queries per KV
-head), head sizes with and without a compiled-in variant, sliding windows, decode tokens in
-the same step (the decode kernel takes those), and 1 or more threads.
+16-position tiles and keys across its 32-key panels and 256-key softmax steps, grouped KV
+heads (1, 3, 4 queries per KV head), head sizes with and without a compiled-in variant,
+sliding windows, decode tokens in the same step (the decode kernel takes those), and 1 or more
+threads.
 """
 
 from __future__ import annotations
