@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
-from test_native_prefill_attention import BLOCK, reference, shuffled_tables
+from test_native_prefill_attention import BLOCK, long_contexts, reference, shuffled_tables
 
 from kvcli.model import native
 from kvcli.model.attention import LayerAttention, allocate_kv_cache, build_attention_metadata
@@ -117,20 +117,14 @@ def test_decode_and_prefill_equal_float64_over_the_codes(heads, kv_heads, dim, w
 @pytest.mark.parametrize("window", [None, 300])
 def test_prefill_across_softmax_steps_over_the_codes(window, native_lib,  # noqa: F811
                                                      monkeypatch):
-    """Contexts longer than one 256-key softmax step, over the codes (see the float build's)."""
+    """Contexts longer than one 256-key softmax step (long_contexts), over the codes."""
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
-    rng = random.Random(11)
-    torch.manual_seed(11)
-    heads, kv_heads, dim = 9, 3, 64
-    computed, new = [300, 0, 700], [40, 540, 1]
-    tables = shuffled_tables(rng, computed, new, pool_blocks=110)
-    kv8 = quantized(native_lib, torch.randn(2, 110 * BLOCK, kv_heads, dim) * 3 + 0.5)
-    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    computed, new, tables, kv, q, k, v = long_contexts(11)
+    kv8 = quantized(native_lib, kv * 3 + 0.5)
     chosen = backend(native_lib)
     meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
-    scale = dim ** -0.5
-    got = chosen.layer(LayerAttention(scale, window)).forward(q, k, v, kv8, meta)
-    want = expected(native_lib, kv8, q, tables, computed, new, window, scale)
+    got = chosen.layer(LayerAttention(0.125, window)).forward(q, k, v, kv8, meta)
+    want = expected(native_lib, kv8, q, tables, computed, new, window, 0.125)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 

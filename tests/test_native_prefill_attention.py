@@ -85,24 +85,32 @@ def test_prefill_equals_float64(heads, kv_heads, dim, window, threads, native_li
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
+LONG_POOL = 110  # blocks of the long-context step below
+
+
+def long_contexts(seed: int) -> tuple:
+    """A step whose contexts are longer than one 256-key softmax step: a chunk after 300 cached
+    tokens, a 540-token prompt, a decode token at 700 (9 heads over 3 KV heads of 64): its
+    computed and new counts, shuffled tables, a float cache [2, slots, 3, 64], and q, k, v."""
+    torch.manual_seed(seed)
+    computed, new = [300, 0, 700], [40, 540, 1]
+    tables = shuffled_tables(random.Random(seed), computed, new, pool_blocks=LONG_POOL)
+    kv = torch.randn(2, LONG_POOL * BLOCK, 3, 64)
+    q, k, v = (torch.randn(sum(new), h, 64) for h in (9, 3, 3))
+    return computed, new, tables, kv, q, k, v
+
+
 @pytest.mark.parametrize("window", [None, 300])
 def test_prefill_across_softmax_steps_equals_float64(window, native_lib,  # noqa: F811
                                                      monkeypatch):
-    """Contexts longer than one softmax step (256 keys): a chunk after 300 cached tokens, a
-    540-token prompt, a decode token at 700; a window that starts inside a step."""
+    """Contexts longer than one softmax step (long_contexts); a window that starts inside a
+    step."""
     monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
-    rng = random.Random(7)
-    torch.manual_seed(7)
-    heads, kv_heads, dim = 9, 3, 64
-    computed, new = [300, 0, 700], [40, 540, 1]
-    tables = shuffled_tables(rng, computed, new, pool_blocks=110)
-    kv = torch.randn(2, 110 * BLOCK, kv_heads, dim)
-    q, k, v = (torch.randn(sum(new), h, dim) for h in (heads, kv_heads, kv_heads))
+    computed, new, tables, kv, q, k, v = long_contexts(7)
     backend = native_backend(native_lib)
     meta = backend.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
-    scale = dim ** -0.5
-    got = backend.layer(LayerAttention(scale, window)).forward(q, k, v, kv, meta)
-    want = reference(q, kv, tables, computed, new, window, scale)
+    got = backend.layer(LayerAttention(0.125, window)).forward(q, k, v, kv, meta)
+    want = reference(q, kv, tables, computed, new, window, 0.125)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
