@@ -90,6 +90,21 @@ def test_quantize_matches_its_formula(native_lib):  # noqa: F811
     assert back[0, 5, 1].eq(0.75).all()
 
 
+@pytest.mark.parametrize("dim", [64, 24])  # 24: AVX-512's plain C path
+def test_quantize_over_threads_equals_row_by_row(dim, native_lib, monkeypatch):  # noqa: F811
+    torch.manual_seed(1)
+    x = torch.randn(700, 5 * dim)[:, dim : 4 * dim].view(700, 3, dim)  # a projection's rows
+    slots = torch.randperm(800)[:700]
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    whole = torch.zeros(800, 3, dim + 8, dtype=torch.uint8)
+    native.quantize_kv(native_lib, x, slots, whole)  # split over two threads
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "1")
+    rows = torch.zeros_like(whole)
+    for t in range(700):
+        native.quantize_kv(native_lib, x[t : t + 1], slots[t : t + 1], rows)
+    assert torch.equal(whole, rows)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 128), (4, 4, 32),
                                                     (6, 2, 24)])  # 24: AVX-512's plain C path
 @pytest.mark.parametrize("window", [None, 21])

@@ -61,7 +61,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         fn.restype = ctypes.c_int
         fn = getattr(lib, f"kvcli_attention_int_scores{suffix}")
         fn.argtypes, fn.restype = [I64], I64
-    lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 4]
+    lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 5]
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
@@ -156,7 +156,7 @@ def quantize_kv(lib: ctypes.CDLL, x: torch.Tensor, slots: torch.Tensor,
     (a view of the fused QKV projection's output): read in place."""
     x = rows_in_place(x)
     lib.kvcli_quantize_kv(x.data_ptr(), slots.data_ptr(), cache.data_ptr(), x.shape[0],
-                          x.shape[1], x.shape[2], x.stride(0))
+                          x.shape[1], x.shape[2], x.stride(0), num_threads())
 
 
 def rows_in_place(x: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,8 @@ void kvcli_silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t 
 void kvcli_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
                 int64_t heads, int64_t head_dim, int64_t threads);
 void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int64_t num_tokens,
-                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride);
+                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride,
+                       int64_t threads);
 typedef int (*attention_fn)(const float *q, int64_t q_stride, const void *k, const void *v,
                             const int64_t *slots,
                             const int64_t *seqs, float *out, int64_t num_seqs, int64_t num_heads,
@@ -82,8 +83,8 @@ static int attend(const step_model *m, float *qkv, uint8_t *kv, int64_t slot,
     const int64_t D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
     uint8_t *k = kv, *v = kv + m->v_bytes;
     if (m->kv_int8) {
-        kvcli_quantize_kv(qkv + q_size, &slot, k, 1, m->kv_heads, D, kv_size);
-        kvcli_quantize_kv(qkv + q_size + kv_size, &slot, v, 1, m->kv_heads, D, kv_size);
+        kvcli_quantize_kv(qkv + q_size, &slot, k, 1, m->kv_heads, D, kv_size, 1);
+        kvcli_quantize_kv(qkv + q_size + kv_size, &slot, v, 1, m->kv_heads, D, kv_size, 1);
     } else {
         memcpy(k + slot * m->row_bytes, qkv + q_size, sizeof(float) * kv_size);
         memcpy(v + slot * m->row_bytes, qkv + q_size + kv_size, sizeof(float) * kv_size);

@@ -7,25 +7,66 @@
 #define KV_INT8 1
 #include "paged_attention.c"
 
+typedef struct {
+    const float *x;
+    const int64_t *slots;
+    uint8_t *cache;
+    int64_t tokens, heads, D, stride;
+} quantize_job;
+
+/* One row's codes and parameters: x ~ (u - zero) * scale, u = rint((x - lo) / scale). */
+static inline void quantize_row(const float *src, int64_t D, uint8_t *dst) {
+    float lo = src[0], hi = src[0];
+#if defined(__AVX512F__)
+    const int vec = D % 16 == 0; /* the same operations on 16 lanes: the same codes */
+    if (vec) {
+        __m512 mn = _mm512_loadu_ps(src), mx = mn;
+        for (int64_t d = 16; d < D; d += 16)
+            mn = _mm512_min_ps(mn, _mm512_loadu_ps(src + d)),
+            mx = _mm512_max_ps(mx, _mm512_loadu_ps(src + d));
+        lo = _mm512_reduce_min_ps(mn), hi = _mm512_reduce_max_ps(mx);
+    }
+#else
+    const int vec = 0;
+#endif
+    for (int64_t d = 1; d < D && !vec; d++) {
+        lo = src[d] < lo ? src[d] : lo;
+        hi = src[d] > hi ? src[d] : hi;
+    }
+    /* A constant row keeps scale 1: its codes are all 0 and stand for lo exactly. */
+    const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f, inv = 1.0f / scale;
+#if defined(__AVX512F__)
+    for (int64_t d = 0; d < D && vec; d += 16) {
+        const __m512 c = _mm512_roundscale_ps(
+            _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(lo)),
+                          _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 clamped = _mm512_min_ps(_mm512_max_ps(c, _mm512_setzero_ps()),
+                                             _mm512_set1_ps(255.0f));
+        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtusepi32_epi8(_mm512_cvtps_epu32(clamped)));
+    }
+#endif
+    for (int64_t d = 0; d < D && !vec; d++) {
+        const float c = rintf((src[d] - lo) * inv);
+        dst[d] = (uint8_t)(c < 0.0f ? 0.0f : c > 255.0f ? 255.0f : c);
+    }
+    const float params[2] = {scale, -lo * inv};
+    memcpy(dst + D, params, sizeof params);
+}
+
+static void quantize_part(const void *args, int64_t t, int64_t n) {
+    const quantize_job *j = (const quantize_job *)args;
+    for (int64_t i = j->tokens * t / n; i < j->tokens * (t + 1) / n; i++)
+        for (int64_t h = 0; h < j->heads; h++) /* rows: the fused projection's */
+            quantize_row(j->x + i * j->stride + h * j->D, j->D,
+                         j->cache + (j->slots[i] * j->heads + h) * kv8_row(j->D));
+}
+
+/* Split over threads by tokens where a prefill chunk's rows make it worth a worker: one core
+ * took 0.15 ms for 1,024 tokens' K (Xeon with AMX), the other waiting. */
 void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int64_t num_tokens,
-                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride) {
-    const int64_t D = head_dim, R = kv8_row(D);
-    for (int64_t t = 0; t < num_tokens; t++)
-        for (int64_t h = 0; h < num_kv_heads; h++) {
-            const float *src = x + t * row_stride + h * D; /* rows: the fused projection's */
-            uint8_t *dst = cache + (slots[t] * num_kv_heads + h) * R;
-            float lo = src[0], hi = src[0];
-            for (int64_t d = 1; d < D; d++) {
-                lo = src[d] < lo ? src[d] : lo;
-                hi = src[d] > hi ? src[d] : hi;
-            }
-            /* A constant row keeps scale 1: its codes are all 0 and stand for lo exactly. */
-            const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f, inv = 1.0f / scale;
-            for (int64_t d = 0; d < D; d++) {
-                const float c = rintf((src[d] - lo) * inv);
-                dst[d] = (uint8_t)(c < 0.0f ? 0.0f : c > 255.0f ? 255.0f : c);
-            }
-            const float params[2] = {scale, -lo * inv};
-            memcpy(dst + D, params, sizeof params);
-        }
+                       int64_t num_kv_heads, int64_t head_dim, int64_t row_stride,
+                       int64_t threads) {
+    const quantize_job j = {x, slots, cache, num_tokens, num_kv_heads, head_dim, row_stride};
+    const int64_t most = num_tokens * num_kv_heads * head_dim >> 15; /* elementwise.c's floor */
+    kvcli_parallel(quantize_part, &j, threads < most ? threads : most < 1 ? 1 : most, 0);
 }
