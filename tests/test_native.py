@@ -196,3 +196,32 @@ def test_cpu_flags_choose_the_kernel_variant(monkeypatch) -> None:
             detect_platform("cpu", torch.float32)
     finally:
         native.load_variant.cache_clear()
+
+
+def test_many_row_calls_on_torchs_team_equal_this_pool(monkeypatch):
+    """Prefill-sized calls run on torch's OpenMP team (pool.c kvcli_parallel_wide): the parts
+    are the caller's split, so who runs them changes no bit."""
+    from test_kv_int8_kernels import backend, quantized
+
+    from kvcli.model.attention import LayerAttention, build_attention_metadata
+
+    lib = native.load()
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    torch.manual_seed(3)
+    x, weight = torch.randn(300, 96), torch.randn(96)
+    kv = torch.randn(2, 224, 3, 64)
+    q = torch.randn(224, 9, 64)
+    meta = backend(lib).build_metadata(build_attention_metadata(
+        [list(range(7)), list(range(7, 14))], [0, 0], [112, 112], 16, "cpu"))
+    layer = backend(lib).layer(LayerAttention(0.125))
+    runs = []
+    try:
+        for on in (False, True):
+            assert lib.kvcli_pool_team(int(on)) == int(on)  # torch's CPU wheel has libgomp
+            kv8 = quantized(lib, kv)
+            out = layer.forward(q, kv[0], kv[1], kv8, meta)
+            runs.append((native.rms_norm(lib, x, weight, 1e-5), kv8, out))
+    finally:
+        lib.kvcli_pool_team(1)
+    for before, after in zip(*runs, strict=True):
+        assert torch.equal(before, after)

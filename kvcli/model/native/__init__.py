@@ -63,6 +63,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         fn.argtypes, fn.restype = [I64], I64
     lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 5]
     lib.kvcli_quantize_kv.restype = None
+    lib.kvcli_pool_team.argtypes, lib.kvcli_pool_team.restype = [I64], I64
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemv.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 3]

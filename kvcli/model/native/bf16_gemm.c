@@ -142,14 +142,13 @@ int kvcli_bf16_gemm(const float *x, const uint16_t *w, const float *bias, float 
     const int64_t K2 = (K + 1) / 2, blocks = (N + 15) / 16;
     uint32_t *xp = malloc((size_t)(M * K2) * sizeof *xp + 64);
     if (xp == NULL) return -1;
-    const int64_t spin = M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0;
     const convert_args c = {x, xp, M, K, K2};
     /* Converting is ~1/N of the multiply: split over rows only where there are many. */
-    kvcli_parallel(convert_task, &c, M >= 64 ? threads : 1, spin);
+    kvcli_parallel_rows(convert_task, &c, M >= 64 ? threads : 1, M);
     const bf16_args a = {xp, w, bias, y, M, N, K2, blocks};
     /* At least one group of NB blocks per thread. */
     const int64_t most = (blocks + NB - 1) / NB;
-    kvcli_parallel(gemm_task, &a, threads < most ? threads : most, spin);
+    kvcli_parallel_rows(gemm_task, &a, threads < most ? threads : most, M);
     free(xp);
     return 0;
 }

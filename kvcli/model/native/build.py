@@ -108,7 +108,7 @@ def build(compiler: str, flags: tuple[str, ...]) -> Path:
             _compile_all([[compiler, "-c", *flags, str(src), "-o", str(obj)]
                           for src, obj in zip(SOURCES, objs, strict=True)])
             linked = temp / target.name
-            _run([compiler, *LINK, *map(str, objs), "-o", str(linked), "-lm"])
+            _run([compiler, *LINK, *map(str, objs), "-o", str(linked), "-lm", "-ldl"])
             os.replace(linked, target)  # atomic: concurrent builders each publish a whole file
     finally:
         shutil.rmtree(temp, ignore_errors=True)

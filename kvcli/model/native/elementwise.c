@@ -32,8 +32,7 @@ static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t ro
     if (threads > rows * row_work / MIN_WORK_PER_THREAD)
         threads = rows * row_work / MIN_WORK_PER_THREAD;
     const rows_job job = {fn, args, rows};
-    kvcli_parallel(rows_part, &job, threads < 1 ? 1 : threads,
-                   rows <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    kvcli_parallel_rows(rows_part, &job, threads < 1 ? 1 : threads, rows);
 }
 
 /* out[r] = weight * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), as transformers' LlamaRMSNorm; or,

@@ -208,5 +208,5 @@ void kvcli_gemm(const float *x, const float *w, const float *bias, float *y, int
     const gemm_args a = {x, w, bias, y, M, N, K};
     const int64_t tiles_n = N / NR;
     if (threads > tiles_n) threads = tiles_n > 0 ? tiles_n : 1;
-    kvcli_parallel(gemm_part, &a, threads, M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    kvcli_parallel_rows(gemm_part, &a, threads, M);
 }

@@ -94,5 +94,5 @@ void kvcli_gemm_nt(const float *x, const float *w, float *y, int64_t M, int64_t 
     const nt_args a = {x, w, y, M, N, K};
     const int64_t blocks = (N + NT - 1) / NT;
     if (threads > blocks) threads = blocks > 0 ? blocks : 1;
-    kvcli_parallel(nt_part, &a, threads, M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    kvcli_parallel_rows(nt_part, &a, threads, M);
 }

@@ -68,5 +68,6 @@ void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int
                        int64_t threads) {
     const quantize_job j = {x, slots, cache, num_tokens, num_kv_heads, head_dim, row_stride};
     const int64_t most = num_tokens * num_kv_heads * head_dim >> 15; /* elementwise.c's floor */
-    kvcli_parallel(quantize_part, &j, threads < most ? threads : most < 1 ? 1 : most, 0);
+    kvcli_parallel_rows(quantize_part, &j, threads < most ? threads : most < 1 ? 1 : most,
+                        num_tokens);
 }

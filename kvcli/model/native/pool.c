@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "pool.h"
 
+#include <dlfcn.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -50,7 +51,8 @@ static struct {
     uint32_t start_gen[POOL_MAX]; /* the generation a new worker has already seen */
     pthread_mutex_t busy;
     int atfork_set;
-} pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
+    int team; /* kvcli_parallel_wide: -1 not looked up, 0 off or absent, 1 torch's team */
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .team = -1};
 
 /* Take parts of job `gen` until none is left. Any thread may run any part (the split itself is
  * the caller's, so results do not depend on who runs what): a worker the scheduler has not run
@@ -103,6 +105,7 @@ static void *worker(void *arg) {
 static void after_fork_in_child(void) {
     pool.started = 0;
     pthread_mutex_init(&pool.busy, NULL);
+    pool.team = 0; /* an OpenMP team does not survive a fork */
 }
 
 /* Until every part is done. A part a descheduled worker has started cannot be taken over, so
@@ -143,6 +146,50 @@ void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
     run_parts(gen);
     wait_done(n);
     pthread_mutex_unlock(&pool.busy);
+}
+
+/* Many-row calls between torch's ops in a prefill step run on torch's own OpenMP team (libgomp's
+ * GOMP_parallel, found in the process where torch loaded it): after a torch op its threads spin
+ * (GOMP_SPINCOUNT, kvcli/__init__.py), and a spinning thread took a core from this pool's
+ * worker for the first ~0.5 ms of each native call, three times a layer. The parts are claimed
+ * as in run_parts. Decode-sized calls keep this pool: native calls follow each other there. */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn gomp_parallel;
+
+typedef struct {
+    task_fn fn;
+    const void *args;
+    int64_t n;
+    _Atomic int64_t next;
+} team_job;
+
+static void team_part(void *arg) {
+    team_job *j = (team_job *)arg;
+    for (int64_t part; (part = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->args, part, j->n);
+}
+
+static int team_ready(void) {
+    if (pool.team < 0) {
+        gomp_parallel = (gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        pool.team = gomp_parallel != NULL;
+    }
+    return pool.team;
+}
+
+void kvcli_parallel_wide(task_fn fn, const void *args, int64_t n) {
+    if (!team_ready() || n <= 1 || n > POOL_MAX) {
+        kvcli_parallel(fn, args, n, 0);
+        return;
+    }
+    team_job j = {fn, args, n, 0};
+    gomp_parallel(team_part, &j, (unsigned)n, 0);
+}
+
+/* 1: kvcli_parallel_wide runs on torch's OpenMP team where the process has one; 0: on this
+ * pool (tests and measurements compare the two). Returns whether the team is used. */
+int64_t kvcli_pool_team(int64_t on) {
+    pool.team = on ? -1 : 0;
+    return team_ready();
 }
 
 /* Which variant of the kernels this build holds: they are compiled on the machine with

@@ -12,6 +12,10 @@ typedef void (*task_fn)(const void *args, int64_t t, int64_t n);
  * spin_ns waiting for the next job (KVCLI_SPIN_NS when another native call follows soon). */
 void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns);
 
+/* The same for a many-row call between torch ops (a prefill step): on torch's OpenMP team where
+ * the process has one (pool.c), else on this pool. */
+void kvcli_parallel_wide(task_fn fn, const void *args, int64_t n);
+
 /* Splits items [0, n) into `threads` contiguous ranges of about equal total `lens` (the work,
  * e.g. each sequence's context length): range t is [ends[t - 1], ends[t]), range 0 starts at 0,
  * and the last range ends at n. */
@@ -33,5 +37,12 @@ static inline void kvcli_split_by_length(const int64_t *lens, int64_t n, int64_t
 #define KVCLI_SPIN_NS 300000
 /* Calls with at most this many rows are decode-sized: native work follows them. */
 #define KVCLI_DECODE_ROWS 64
+
+/* A call over `rows` rows: a decode-sized one on this pool, whose workers then spin for the
+ * next native call; a many-row one wide (between torch ops). */
+static inline void kvcli_parallel_rows(task_fn fn, const void *args, int64_t n, int64_t rows) {
+    if (rows <= KVCLI_DECODE_ROWS) kvcli_parallel(fn, args, n, KVCLI_SPIN_NS);
+    else kvcli_parallel_wide(fn, args, n);
+}
 
 #endif

@@ -434,10 +434,14 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     free(s.qsum);
 }
 
-static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads) {
+/* `rows`: the prefill's query rows (a many-row call between torch ops), 0 for shared-prefix
+ * decode (native calls follow it). */
+static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads, int64_t rows) {
     job->items = items;
     job->num_items = n;
-    kvcli_parallel(run_part, job, num_threads < n ? num_threads : n, 0);
+    const int64_t threads = num_threads < n ? num_threads : n;
+    if (rows > KVCLI_DECODE_ROWS) kvcli_parallel_wide(run_part, job, threads);
+    else kvcli_parallel(run_part, job, threads, 0);
     free(items);
     return atomic_load(&job->status);
 }
@@ -472,7 +476,9 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, con
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){PREFILL, s, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim,
                  window, scale, NULL, 0, 0, 0};
-    return run(&job, items, n, num_threads);
+    int64_t rows = 0;
+    for (int64_t s = 0; s < num_seqs; s++) rows += seqs[4 * s + 1];
+    return run(&job, items, n, num_threads, rows);
 }
 
 /* Decode tokens (q_len 1) of sequences listed group by group in `seqs`; group i's members
@@ -493,5 +499,5 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, con
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim,
                  0, scale, NULL, 0, 0, 0};
-    return run(&job, items, n, num_threads);
+    return run(&job, items, n, num_threads, 0);
 }

@@ -190,7 +190,7 @@ int kvcli_qgemm(int64_t type, const float *x, const uint8_t *w, const float *sca
                : part_i8;
     const qgemm_args a = {x, scale, bias, w, y, M, N, K, type};
     if (threads > N / NR) threads = N / NR > 0 ? N / NR : 1;
-    kvcli_parallel(fn, &a, threads, M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    kvcli_parallel_rows(fn, &a, threads, M);
     return 0;
 }
 

@@ -272,14 +272,13 @@ int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t
     float *d = (float *)(scratch + qbytes), *s = d + M * kb;
     int32_t *o = (int32_t *)(s + M * kb);
     const quant_args qa = {x, q, d, s, o, weight_offset((int)type, variant), halves, M, K};
-    kvcli_parallel(quant_part, &qa, M >= QUANT_PARALLEL_ROWS ? threads : 1, 0);
+    kvcli_parallel_rows(quant_part, &qa, M >= QUANT_PARALLEL_ROWS ? threads : 1, M);
     const qint_args a = {q, d, s, bias, o, w, y, M, N, K};
     /* parts are whole register tiles of channels (AVX-512: two groups) */
     const int64_t per = variant == 0 || variant == 3 ? TILE_GROUPS_512 : 1;
     const int64_t tiles = ((N + GROUP - 1) / GROUP + per - 1) / per;
     if (threads > tiles) threads = tiles;
-    kvcli_parallel(part_fn(variant, type), &a, threads,
-                   M <= KVCLI_DECODE_ROWS ? KVCLI_SPIN_NS : 0);
+    kvcli_parallel_rows(part_fn(variant, type), &a, threads, M);
     free(scratch);
     return 0;
 }
