@@ -179,11 +179,9 @@ static void pv_scalar(const float *p, int64_t n, int64_t H, int64_t group, int64
 /* Each head's softmax numerators in place; inv[hh] = 1 / their sum. */
 static void softmax_rows(float *p, int64_t H, int64_t n, float *inv) {
     for (int64_t hh = 0; hh < H; hh++) {
-        float *row = p + hh * n, top = row[0], sum = 0.0f;
-        for (int64_t t = 1; t < n; t++) top = row[t] > top ? row[t] : top;
-        exp_shifted(row, top, row, n);
-        for (int64_t t = 0; t < n; t++) sum += row[t];
-        inv[hh] = 1.0f / sum;
+        float *row = p + hh * n;
+        exp_shifted(row, max_of(row, n), row, n);
+        inv[hh] = 1.0f / sum_of(row, n);
     }
 }
 

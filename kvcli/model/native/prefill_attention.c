@@ -171,48 +171,6 @@ AI void score_step(const job_t *j, int64_t D, int64_t g, const int64_t *slots, i
     }
 }
 
-#if defined(__AVX512F__)
-/* Two chains of 16 lanes: the compiler's loops kept one 8-lane chain, bound by the latency of
- * each max or add (one layer's int8 prefill, two 448-token prompts: 2.72 -> 2.56 ms). */
-static inline float max_of(const float *x, int64_t n) {
-    __m512 a = _mm512_set1_ps(-INFINITY), b = a;
-    int64_t t = 0;
-    for (; t + 32 <= n; t += 32)
-        a = _mm512_max_ps(a, _mm512_loadu_ps(x + t)),
-        b = _mm512_max_ps(b, _mm512_loadu_ps(x + t + 16));
-    for (; t < n; t += 16) {
-        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-        a = _mm512_mask_max_ps(a, m, a, _mm512_maskz_loadu_ps(m, x + t));
-    }
-    return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
-}
-
-static inline float sum_of(const float *x, int64_t n) {
-    __m512 a = _mm512_setzero_ps(), b = a;
-    int64_t t = 0;
-    for (; t + 32 <= n; t += 32)
-        a = _mm512_add_ps(a, _mm512_loadu_ps(x + t)),
-        b = _mm512_add_ps(b, _mm512_loadu_ps(x + t + 16));
-    for (; t < n; t += 16) {
-        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
-        a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m, x + t));
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-}
-#else
-static inline float max_of(const float *x, int64_t n) {
-    float top = x[0];
-    for (int64_t t = 1; t < n; t++) top = x[t] > top ? x[t] : top;
-    return top;
-}
-
-static inline float sum_of(const float *x, int64_t n) {
-    float sum = 0.0f;
-    for (int64_t t = 0; t < n; t++) sum += x[t];
-    return sum;
-}
-#endif
-
 /* Each row's online softmax over the step's keys [k0, k0 + n): it sees offsets [lo, hi) of them
  * (span[2 i], span[2 i + 1]; causal, window). Its max, sum l and output o move once; its scores
  * become the numerators, zero on the keys it does not see in the panels it reads. */

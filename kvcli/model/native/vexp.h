@@ -1,4 +1,5 @@
-/* expf over arrays (softmax numerators, SiLU), shared by the attention and element-wise kernels.
+/* expf over arrays (softmax numerators, SiLU), and a row's max and sum, shared by the attention
+ * and element-wise kernels.
  *
  * With AVX-512, in registers: Cephes' expf (x = n ln 2 + r with ln 2 in two parts, |r| <= ln 2 / 2,
  * a degree-7 polynomial for e^r, then 2^n by vscalefps, which also gives inf past 88.7 and 0
@@ -41,6 +42,35 @@ static inline void exp_shifted(const float *src, float shift, float *dst, int64_
     }
 }
 
+/* A row's max and sum (the attention kernels' softmax rows) in two chains of 16 lanes: the
+ * compiler's loops kept one 8-lane chain, bound by the latency of each max or add (one layer's
+ * int8 prefill, two 448-token prompts: 2.72 -> 2.56 ms). */
+static inline float max_of(const float *x, int64_t n) {
+    __m512 a = _mm512_set1_ps(-INFINITY), b = a;
+    int64_t t = 0;
+    for (; t + 32 <= n; t += 32)
+        a = _mm512_max_ps(a, _mm512_loadu_ps(x + t)),
+        b = _mm512_max_ps(b, _mm512_loadu_ps(x + t + 16));
+    for (; t < n; t += 16) {
+        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        a = _mm512_mask_max_ps(a, m, a, _mm512_maskz_loadu_ps(m, x + t));
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+}
+
+static inline float sum_of(const float *x, int64_t n) {
+    __m512 a = _mm512_setzero_ps(), b = a;
+    int64_t t = 0;
+    for (; t + 32 <= n; t += 32)
+        a = _mm512_add_ps(a, _mm512_loadu_ps(x + t)),
+        b = _mm512_add_ps(b, _mm512_loadu_ps(x + t + 16));
+    for (; t < n; t += 16) {
+        const __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+        a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m, x + t));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+}
+
 /* out[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u, i < d. */
 static inline void silu_mul(const float *g, const float *u, float *out, int64_t d) {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -62,6 +92,18 @@ static inline void silu_mul(const float *g, const float *u, float *out, int64_t 
 __attribute__((noinline, unused)) static void exp_shifted(const float *src, float shift,
                                                           float *dst, int64_t n) {
     for (int64_t t = 0; t < n; t++) dst[t] = expf(src[t] - shift);
+}
+
+__attribute__((unused)) static inline float max_of(const float *x, int64_t n) {
+    float top = x[0];
+    for (int64_t t = 1; t < n; t++) top = x[t] > top ? x[t] : top;
+    return top;
+}
+
+__attribute__((unused)) static inline float sum_of(const float *x, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < n; t++) sum += x[t];
+    return sum;
 }
 
 __attribute__((unused)) static void silu_mul(const float *g, const float *u, float *out,
