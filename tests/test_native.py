@@ -225,3 +225,28 @@ def test_many_row_calls_on_torchs_team_equal_this_pool(monkeypatch):
         lib.kvcli_pool_team(1)
     for before, after in zip(*runs, strict=True):
         assert torch.equal(before, after)
+
+
+def test_a_forked_child_runs_many_row_calls_on_its_own_pool(monkeypatch):
+    """An OpenMP team does not survive fork(): the child's prefill-sized calls take kvcli's own
+    pool (pool.c after_fork_in_child) instead of hanging on the parent's team."""
+    import time
+
+    lib = native.load()
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    x, weight = torch.randn(300, 96), torch.randn(96)
+    want = native.rms_norm(lib, x, weight, 1e-5)  # the parent's team runs a call first
+    pid = os.fork()
+    if pid == 0:  # the child: the same call, then out without pytest's teardown
+        got = native.rms_norm(lib, x, weight, 1e-5)
+        os._exit(0 if lib.kvcli_pool_team(1) == 0 and torch.equal(got, want) else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's native call hung")

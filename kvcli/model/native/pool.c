@@ -52,6 +52,7 @@ static struct {
     pthread_mutex_t busy;
     int atfork_set;
     int team; /* kvcli_parallel_wide: -1 not looked up, 0 off or absent, 1 torch's team */
+    int forked; /* in a forked child: never the team */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .team = -1};
 
 /* Take parts of job `gen` until none is left. Any thread may run any part (the split itself is
@@ -105,7 +106,7 @@ static void *worker(void *arg) {
 static void after_fork_in_child(void) {
     pool.started = 0;
     pthread_mutex_init(&pool.busy, NULL);
-    pool.team = 0; /* an OpenMP team does not survive a fork */
+    pool.team = 0, pool.forked = 1; /* an OpenMP team does not survive a fork */
 }
 
 /* Until every part is done. A part a descheduled worker has started cannot be taken over, so
@@ -117,6 +118,10 @@ static void wait_done(int64_t n) {
     }
 }
 
+static void watch_forks(void) {
+    if (!pool.atfork_set) pool.atfork_set = pthread_atfork(NULL, NULL, after_fork_in_child) == 0;
+}
+
 void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
     if (n > POOL_MAX) n = POOL_MAX;
     if (n <= 1 || pthread_mutex_trylock(&pool.busy) != 0) {
@@ -124,7 +129,7 @@ void kvcli_parallel(task_fn fn, const void *args, int64_t n, int64_t spin_ns) {
         for (int64_t t = 0; t < parts; t++) fn(args, t, parts);
         return;
     }
-    if (!pool.atfork_set) pool.atfork_set = pthread_atfork(NULL, NULL, after_fork_in_child) == 0;
+    watch_forks();
     while (pool.started < n - 1) {
         pthread_t id;
         const int64_t next = pool.started + 1;
@@ -169,6 +174,7 @@ static void team_part(void *arg) {
 }
 
 static int team_ready(void) {
+    if (pool.team < 0 && pool.forked) pool.team = 0;
     if (pool.team < 0) {
         gomp_parallel = (gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
         pool.team = gomp_parallel != NULL;
@@ -181,6 +187,7 @@ void kvcli_parallel_wide(task_fn fn, const void *args, int64_t n) {
         kvcli_parallel(fn, args, n, 0);
         return;
     }
+    watch_forks(); /* a forked child runs its calls on this pool */
     team_job j = {fn, args, n, 0};
     gomp_parallel(team_part, &j, (unsigned)n, 0);
 }
