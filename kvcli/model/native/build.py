@@ -43,6 +43,7 @@ HEADERS = tuple(_HERE / n for n in ("pool.h", "f32_vec.h", "qblocks.h", "qint_ke
 # crtfastmath.o, which flushes denormals to zero for the whole process (torch and NumPy too).
 FLAGS = ("-O3", "-fPIC", "-pthread", "-ffast-math")
 LINK = ("-shared", "-pthread")
+LIBS = ("-lm", "-ldl")  # after the objects; -ldl: pool.c finds torch's OpenMP (dlsym)
 # KVCLI_NATIVE_ISA: the instruction set to build for. "avx2" is what an AVX2-only CPU (AMD Zen 3)
 # compiles (x86-64-v3: AVX2, FMA, F16C; no AVX-512), tuned for this CPU: it runs the AVX2 code
 # paths on an AVX-512 machine, where they would otherwise go untested.
@@ -85,7 +86,7 @@ def build_key(compiler: str, flags: tuple[str, ...]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     texts = [src.read_text() for src in (*SOURCES, *HEADERS)]
-    return hashlib.sha256("\0".join([*texts, *flags, *LINK, version, cpu_flags()])
+    return hashlib.sha256("\0".join([*texts, *flags, *LINK, *LIBS, version, cpu_flags()])
                           .encode()).hexdigest()[:16]
 
 
@@ -108,7 +109,7 @@ def build(compiler: str, flags: tuple[str, ...]) -> Path:
             _compile_all([[compiler, "-c", *flags, str(src), "-o", str(obj)]
                           for src, obj in zip(SOURCES, objs, strict=True)])
             linked = temp / target.name
-            _run([compiler, *LINK, *map(str, objs), "-o", str(linked), "-lm", "-ldl"])
+            _run([compiler, *LINK, *map(str, objs), "-o", str(linked), *LIBS])
             os.replace(linked, target)  # atomic: concurrent builders each publish a whole file
     finally:
         shutil.rmtree(temp, ignore_errors=True)

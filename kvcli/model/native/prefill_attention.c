@@ -392,14 +392,12 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     free(s.qsum);
 }
 
-/* `rows`: the prefill's query rows (a many-row call between torch ops), 0 for shared-prefix
- * decode (native calls follow it). */
+/* `rows`: the call's query rows (pool.h's rule: a prefill chunk between torch ops, or a decode
+ * step's tokens). */
 static int run(job_t *job, item_t *items, int64_t n, int64_t num_threads, int64_t rows) {
     job->items = items;
     job->num_items = n;
-    const int64_t threads = num_threads < n ? num_threads : n;
-    if (rows > KVCLI_DECODE_ROWS) kvcli_parallel_wide(run_part, job, threads);
-    else kvcli_parallel(run_part, job, threads, 0);
+    kvcli_parallel_rows(run_part, job, num_threads < n ? num_threads : n, rows);
     free(items);
     return atomic_load(&job->status);
 }
@@ -457,5 +455,7 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, con
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim,
                  0, scale, NULL, 0, 0, 0};
-    return run(&job, items, n, num_threads, 0);
+    int64_t rows = 0;
+    for (int64_t gi = 0; gi < num_groups; gi++) rows += groups[3 * gi + 1];
+    return run(&job, items, n, num_threads, rows);
 }
