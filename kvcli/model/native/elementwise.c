@@ -12,9 +12,6 @@
 #include "pool.h"
 #include "vexp.h"
 
-/* Less work than this per thread (floats touched) is not worth waking a worker for. */
-#define MIN_WORK_PER_THREAD (1 << 15)
-
 typedef void (*rows_fn)(const void *args, int64_t begin, int64_t end);
 typedef struct {
     rows_fn fn;
@@ -29,8 +26,8 @@ static void rows_part(const void *job, int64_t t, int64_t n) {
 
 static void parallel_rows(rows_fn fn, const void *args, int64_t rows, int64_t row_work,
                           int64_t threads) {
-    if (threads > rows * row_work / MIN_WORK_PER_THREAD)
-        threads = rows * row_work / MIN_WORK_PER_THREAD;
+    if (threads > rows * row_work / KVCLI_MIN_WORK_PER_THREAD)
+        threads = rows * row_work / KVCLI_MIN_WORK_PER_THREAD;
     const rows_job job = {fn, args, rows};
     kvcli_parallel_rows(rows_part, &job, threads < 1 ? 1 : threads, rows);
 }

@@ -14,41 +14,54 @@ typedef struct {
     int64_t tokens, heads, D, stride;
 } quantize_job;
 
-/* One row's codes and parameters: x ~ (u - zero) * scale, u = rint((x - lo) / scale). */
-static inline void quantize_row(const float *src, int64_t D, uint8_t *dst) {
-    float lo = src[0], hi = src[0];
+/* A row's min and max. */
+static inline void row_range(const float *src, int64_t D, float *lo, float *hi) {
 #if defined(__AVX512F__)
-    const int vec = D % 16 == 0; /* the same operations on 16 lanes: the same codes */
-    if (vec) {
+    if (D % 16 == 0) {
         __m512 mn = _mm512_loadu_ps(src), mx = mn;
         for (int64_t d = 16; d < D; d += 16)
             mn = _mm512_min_ps(mn, _mm512_loadu_ps(src + d)),
             mx = _mm512_max_ps(mx, _mm512_loadu_ps(src + d));
-        lo = _mm512_reduce_min_ps(mn), hi = _mm512_reduce_max_ps(mx);
+        *lo = _mm512_reduce_min_ps(mn), *hi = _mm512_reduce_max_ps(mx);
+        return;
     }
-#else
-    const int vec = 0;
 #endif
-    for (int64_t d = 1; d < D && !vec; d++) {
-        lo = src[d] < lo ? src[d] : lo;
-        hi = src[d] > hi ? src[d] : hi;
+    *lo = *hi = src[0];
+    for (int64_t d = 1; d < D; d++) {
+        *lo = src[d] < *lo ? src[d] : *lo;
+        *hi = src[d] > *hi ? src[d] : *hi;
     }
-    /* A constant row keeps scale 1: its codes are all 0 and stand for lo exactly. */
-    const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f, inv = 1.0f / scale;
+}
+
+/* u = rint((x - lo) * inv) clamped to [0, 255]: the same operations on 16 lanes or one. */
+static inline void row_codes(const float *src, int64_t D, float lo, float inv, uint8_t *dst) {
 #if defined(__AVX512F__)
-    for (int64_t d = 0; d < D && vec; d += 16) {
-        const __m512 c = _mm512_roundscale_ps(
-            _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(lo)),
-                          _mm512_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 clamped = _mm512_min_ps(_mm512_max_ps(c, _mm512_setzero_ps()),
-                                             _mm512_set1_ps(255.0f));
-        _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtusepi32_epi8(_mm512_cvtps_epu32(clamped)));
+    if (D % 16 == 0) {
+        const __m512 vlo = _mm512_set1_ps(lo), vinv = _mm512_set1_ps(inv);
+        for (int64_t d = 0; d < D; d += 16) {
+            const __m512 c = _mm512_roundscale_ps(
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(src + d), vlo), vinv),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512 u = _mm512_min_ps(_mm512_max_ps(c, _mm512_setzero_ps()),
+                                           _mm512_set1_ps(255.0f));
+            _mm_storeu_si128((__m128i *)(dst + d), _mm512_cvtusepi32_epi8(_mm512_cvtps_epu32(u)));
+        }
+        return;
     }
 #endif
-    for (int64_t d = 0; d < D && !vec; d++) {
+    for (int64_t d = 0; d < D; d++) {
         const float c = rintf((src[d] - lo) * inv);
         dst[d] = (uint8_t)(c < 0.0f ? 0.0f : c > 255.0f ? 255.0f : c);
     }
+}
+
+/* One row's codes and parameters: x ~ (u - zero) * scale. */
+static inline void quantize_row(const float *src, int64_t D, uint8_t *dst) {
+    float lo, hi;
+    row_range(src, D, &lo, &hi);
+    /* A constant row keeps scale 1: its codes are all 0 and stand for lo exactly. */
+    const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f, inv = 1.0f / scale;
+    row_codes(src, D, lo, inv, dst);
     const float params[2] = {scale, -lo * inv};
     memcpy(dst + D, params, sizeof params);
 }
@@ -67,7 +80,7 @@ void kvcli_quantize_kv(const float *x, const int64_t *slots, uint8_t *cache, int
                        int64_t num_kv_heads, int64_t head_dim, int64_t row_stride,
                        int64_t threads) {
     const quantize_job j = {x, slots, cache, num_tokens, num_kv_heads, head_dim, row_stride};
-    const int64_t most = num_tokens * num_kv_heads * head_dim >> 15; /* elementwise.c's floor */
+    const int64_t most = num_tokens * num_kv_heads * head_dim / KVCLI_MIN_WORK_PER_THREAD;
     kvcli_parallel_rows(quantize_part, &j, threads < most ? threads : most < 1 ? 1 : most,
                         num_tokens);
 }

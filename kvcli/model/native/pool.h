@@ -35,6 +35,8 @@ static inline void kvcli_split_by_length(const int64_t *lens, int64_t n, int64_t
 }
 
 #define KVCLI_SPIN_NS 300000
+/* Less work than this per thread (floats touched) is not worth waking a worker for. */
+#define KVCLI_MIN_WORK_PER_THREAD (1 << 15)
 /* Calls with at most this many rows are decode-sized: native work follows them. */
 #define KVCLI_DECODE_ROWS 64
 

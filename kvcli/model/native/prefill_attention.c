@@ -421,8 +421,11 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, con
                                   int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                   int64_t head_dim, int64_t window, float scale,
                                   int64_t num_threads) {
-    int64_t count = 0;
-    for (int64_t s = 0; s < num_seqs; s++) count += (seqs[4 * s + 1] + QT - 1) / QT * num_kv_heads;
+    int64_t count = 0, rows = 0;
+    for (int64_t s = 0; s < num_seqs; s++) {
+        count += (seqs[4 * s + 1] + QT - 1) / QT * num_kv_heads;
+        rows += seqs[4 * s + 1];
+    }
     item_t *items = malloc(sizeof(item_t) * (count ? count : 1));
     if (!items) return 1;
     /* Longest first: a tile's work grows with its last query's position. */
@@ -432,8 +435,6 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, con
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){PREFILL, s, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim,
                  window, scale, NULL, 0, 0, 0};
-    int64_t rows = 0;
-    for (int64_t s = 0; s < num_seqs; s++) rows += seqs[4 * s + 1];
     return run(&job, items, n, num_threads, rows);
 }
 
@@ -445,8 +446,11 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, con
                                   const int64_t *groups, float *out, int64_t num_groups,
                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                   float scale, int64_t num_threads) {
-    int64_t count = 0;
-    for (int64_t gi = 0; gi < num_groups; gi++) count += (groups[3 * gi + 1] + QT - 1) / QT;
+    int64_t count = 0, rows = 0; /* rows: the decode tokens */
+    for (int64_t gi = 0; gi < num_groups; gi++) {
+        count += (groups[3 * gi + 1] + QT - 1) / QT;
+        rows += groups[3 * gi + 1];
+    }
     item_t *items = malloc(sizeof(item_t) * (count ? count : 1) * num_kv_heads);
     if (!items) return 1;
     int64_t n = 0;
@@ -455,7 +459,5 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, con
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim,
                  0, scale, NULL, 0, 0, 0};
-    int64_t rows = 0;
-    for (int64_t gi = 0; gi < num_groups; gi++) rows += groups[3 * gi + 1];
     return run(&job, items, n, num_threads, rows);
 }
