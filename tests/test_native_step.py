@@ -1,6 +1,8 @@
-"""The one-call native batch-1 decode step (kvcli/model/native_step.py): taken by every decode
-step of gguf, gguf-int, int8 and float32 models, and equal to the NumPy loop it replaces (the same matmul kernels; the element-wise and attention kernels of the batched path,
-which differ from NumPy's only in the last bits), with a float32 or an int8 KV cache."""
+"""The one-call native decode steps (kvcli/model/native_step.py). Batch 1: taken by every decode
+step of gguf, gguf-int, int8 and float32 models, and equal to the NumPy loop it replaces (the
+same matmul kernels; the element-wise and attention kernels of the batched path, which differ
+from NumPy's only in the last bits), with a float32 or an int8 KV cache. Batched: taken by the
+steps whose every row is a decode token, equal to the batched torch path bit for bit."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from test_quant_model import quant_gguf  # noqa: F401 - the tiny GGUF fixture
 from kvcli.engine.llm import LLM
 from kvcli.model.backend import model_backend
 from kvcli.model.gguf_convert import resolve_model
+from kvcli.model.native_step import NativeStep
 from kvcli.model.quant.load import load_quantized
 from kvcli.sampling_params import SamplingParams
 
@@ -79,3 +82,78 @@ def test_int8_and_float32_weights_take_the_native_step(tiny_models, family, quan
     assert len(calls) == 15
     assert got == _numpy_loop(model, lambda: _tokens(llm, [5, 17, 99, 3, 250, 41, 7]))
 
+
+
+PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [8, 9, 10, 11, 12], [200, 3, 7, 7, 7, 1, 2, 3, 4, 5, 6]]
+
+
+def _run_rows(llm: LLM) -> list:
+    """Three sequences decoding together: each token and its logprob (the logits' last bits)."""
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=10, ignore_eos=True, logprobs=0))
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+
+def _counted_rows(model) -> list[int]:
+    """Batched steps the model's native call has run from now on."""
+    step = model._numpy_decoder.native_step
+    calls: list[int] = []
+    real = step._rows_fn
+    step._rows_fn = lambda *args: calls.append(1) or real(*args)
+    return calls
+
+
+def _torch_rows(run, failing: bool = False):
+    """``run()`` with batched steps on the torch path: the call declined (``rows`` returns None),
+    or, ``failing``, taken and failed (status -2), so the torch path redoes the step."""
+    with pytest.MonkeyPatch.context() as mp:
+        if failing:
+            mp.setattr(NativeStep, "rows", _failing_rows)
+        else:
+            mp.setattr(NativeStep, "rows", lambda *args: None)
+        return run()
+
+
+def _failing_rows(self, *args):
+    real, self._rows_fn = self._rows_fn, lambda *a: -2
+    try:
+        return _REAL_ROWS(self, *args)
+    finally:
+        self._rows_fn = real
+
+
+_REAL_ROWS = NativeStep.rows
+
+
+def _check_rows(llm: LLM) -> None:
+    model = llm.engine.model
+    calls = _counted_rows(model)
+    got = _run_rows(llm)
+    assert len(calls) >= 5  # the steps after every prompt's prefill
+    assert got == _torch_rows(lambda: _run_rows(llm))
+    assert got == _torch_rows(lambda: _run_rows(llm), failing=True)
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("mode", ["gguf", "gguf-int"])
+def test_batched_decode_steps_are_one_native_call_equal_to_the_torch_path(
+        quant_gguf, kvcli_home, mode, kv):  # noqa: F811
+    _check_rows(LLM(str(quant_gguf), quantization=mode, kv_cache_dtype=kv, block_size=4,
+                    enable_prefix_caching=False))
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2"])  # float32 weights: gemm.c; biases
+def test_float32_batched_decode_steps_equal_the_torch_path(tiny_models, family, kv):
+    _check_rows(LLM(str(tiny_models[family]), block_size=4, kv_cache_dtype=kv,
+                    enable_prefix_caching=False))
+
+
+def test_a_row_count_the_batched_path_runs_elsewhere_is_declined(tiny_models, monkeypatch):
+    """Past KVCLI_GEMM_MAX_ROWS the float32 matmuls are torch's: the step is not taken."""
+    monkeypatch.setenv("KVCLI_GEMM_MAX_ROWS", "2")
+    llm = LLM(str(tiny_models["llama-gqa"]), block_size=4, enable_prefix_caching=False)
+    step = llm.engine.model._numpy_decoder.native_step
+    assert step.takes(2) and not step.takes(3) and not step.takes(1)
+    calls = _counted_rows(llm.engine.model)
+    _run_rows(llm)
+    assert not calls

@@ -202,11 +202,16 @@ class LlamaForCausalLM(nn.Module):
                     context.numpy(), kv_cache.numpy(),
                 )
                 return torch.from_numpy(hidden)
+        meta = self.attention_backend.build_metadata(attn_metadata)  # once per step, for every layer
+        step = None if self._numpy_decoder is None else self._numpy_decoder.native_step
+        if step is not None and input_ids.shape[0] > 1:  # a batched decode step in one call
+            fused = step.rows(self, input_ids, positions, meta, kv_cache)
+            if fused is not None:
+                return fused
         hidden = self.model.embed_tokens(input_ids)
         if self.embed_multiplier is not None:  # Granite's multiplier, Gemma's sqrt(hidden)
             hidden = hidden * self.embed_multiplier
         cos_sins = self.model.cos_sins(positions)
-        meta = self.attention_backend.build_metadata(attn_metadata)  # once per step, for every layer
         for index, layer in enumerate(self.model.layers):
             hidden = layer(hidden, cos_sins[layer.self_attn.rope_slot], kv_cache[index], meta)
         return self.model.norm(hidden)

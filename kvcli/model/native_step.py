@@ -1,6 +1,8 @@
-"""The batch-1 decode step of a model as one native call (native/decode_step.c):
+"""Decode steps of a model as one native call each (native/decode_step.c): batch 1, and a
+batched step whose every row is one sequence's next token (:meth:`NativeStep.rows`).
 ``--quantization gguf`` (qgemm.c's float32 math on the GGUF blocks), ``gguf-int`` / ``int8``
-(qint.c's integer kernels) and float32 weights (gemv.c on their ``[in, out]`` buffers).
+(qint.c's integer kernels) and float32 weights (gemv.c on their ``[in, out]`` buffers at one
+row, gemm.c at more).
 
 The fused NumPy path (numpy_decode.py) runs such a step as ~150 ctypes matmul calls and ~1200
 small NumPy operations, ~4-5 ms a token beside the weights' few milliseconds of memory traffic.
@@ -10,6 +12,13 @@ the one-row matmul is gemv.c, not the batched path's gemm.c: each thread streams
 slab of W (12.6 ms for the model's layers on a Zen 3, OpenBLAS 14.2-14.9, gemm.c 16.9). Built
 only where every matrix is one a kernel runs whole (not a StackedWeight of mixed GGUF types)
 and the cache is float32 or int8 rows; otherwise NumpyDecoder keeps its own loop.
+
+A batched decode step through the torch path spends ~0.3 of its ~1.45 ms a layer (32 rows,
+SmolLM2-135M, fast, Xeon with AMX) in Python and dispatch between its ~10 kernel calls; in
+one call those gaps are gone. It takes a step only where the batched path would run the same
+kernels: every row a decode token (the paged decode kernel: no prefill chunk, no group sharing
+a cached prefix), and a row count at which every matrix runs the kernel the call runs
+(routes.py's rules). Its outputs equal the batched path's bit for bit.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ import numpy as np
 import torch
 
 from kvcli.model import native
+from kvcli.model.attention.native_cpu import NativeMetadata
 from kvcli.model.quant.int_weights import IntWeight
 from kvcli.model.quant.weights import NATIVE_TYPES, QuantWeight
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
+# A matrix's kernel (decode_step.c step_matrix.int_kernel): qgemm.c, qint.c, gemv.c / gemm.c.
+BLOCK_KERNEL, INT_KERNEL, FLOAT_KERNEL = 0, 1, 2
 
 
 class _Matrix(ctypes.Structure):
@@ -45,11 +57,12 @@ class _Model(ctypes.Structure):
                 ("row_bytes", _I64)]
 
 
-def _bind(lib: ctypes.CDLL) -> Any:
-    fn = lib.kvcli_decode_step
-    fn.argtypes = [_P, _P, _P, _P, _P, _I64, _P, _I64, _P, _I64]
-    fn.restype = ctypes.c_int
-    return fn
+def _bind(lib: ctypes.CDLL) -> tuple[Any, Any]:
+    one, rows = lib.kvcli_decode_step, lib.kvcli_decode_rows
+    one.argtypes = [_P, _P, _P, _P, _P, _I64, _P, _I64, _P, _I64]
+    rows.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _I64]
+    one.restype = rows.restype = ctypes.c_int
+    return one, rows
 
 
 class NativeStep:
@@ -59,7 +72,8 @@ class NativeStep:
     def __init__(self, lib: ctypes.CDLL, model: torch.nn.Module) -> None:
         """ValueError: a matrix no native kernel runs whole."""
         cfg, inner = model.config, model.model
-        self._fn = _bind(lib)
+        self._fn, self._rows_fn = _bind(lib)
+        self.routes = model.routes
         self._keep: list[torch.Tensor] = []  # the float32 copies the structs point into
         self._layers = (_Layer * cfg.num_layers)()
         for lw, layer in zip(self._layers, inner.layers, strict=True):
@@ -69,6 +83,8 @@ class NativeStep:
             lw.qkv, lw.o, lw.gate_up, lw.down = (
                 self._matrix(p.weight, p.bias)
                 for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        self._kernels = {int(x.int_kernel) for lw in self._layers
+                         for x in (lw.qkv, lw.o, lw.gate_up, lw.down)}
         self.model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                             cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps,
                             cfg.head_dim**-0.5, ctypes.addressof(self._layers),
@@ -95,22 +111,57 @@ class NativeStep:
 
     def _matrix(self, weight: Any, bias: torch.Tensor | None) -> _Matrix:
         if isinstance(weight, IntWeight):
-            return _Matrix(1, weight.kind, weight.variant, weight.packed.data_ptr(), None,
+            return _Matrix(INT_KERNEL, weight.kind, weight.variant, weight.packed.data_ptr(), None,
                            self._ptr(bias))
         if isinstance(weight, QuantWeight) and weight.kind in NATIVE_TYPES:
-            return _Matrix(0, weight.kind, 0, weight.data.data_ptr(), self._ptr(weight.scale),
+            return _Matrix(BLOCK_KERNEL, weight.kind, 0, weight.data.data_ptr(), self._ptr(weight.scale),
                            self._ptr(bias))
         if (isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
                 and weight.t().is_contiguous()):  # an [out, in] view of an [in, out] buffer
             self._keep.append(weight)
-            return _Matrix(2, 0, 0, weight.data_ptr(), None, self._ptr(bias))
+            return _Matrix(FLOAT_KERNEL, 0, 0, weight.data_ptr(), None, self._ptr(bias))
         raise ValueError(f"no native decode step for a {type(weight).__name__} matrix")
+
+    def _cache(self, kv_cache: np.ndarray) -> None:
+        """The cache's format and strides in bytes (a layer, K to V, a slot) into the model."""
+        m = self.model
+        m.kv_int8 = int(kv_cache.dtype == np.uint8)
+        m.layer_bytes, m.v_bytes, m.row_bytes = kv_cache.strides[:3]
+
+    def takes(self, rows: int) -> bool:
+        """Whether a decode step of ``rows`` rows runs every matrix on the kernel this call
+        runs it on, as the batched path would (routes.py; one row is ``__call__``'s)."""
+        r = self.routes
+        rules = {BLOCK_KERNEL: r.qgemm_takes, FLOAT_KERNEL: r.native_gemm_takes,
+                 INT_KERNEL: lambda n: not r.bf16_copy_rows(n)}
+        return rows > 1 and all(rules[k](rows) for k in self._kernels)
+
+    def rows(self, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+             meta: object, kv_cache: torch.Tensor) -> torch.Tensor | None:
+        """The final-normed hidden states of a step whose every row is one sequence's next
+        token, its K/V written; None where the step is not one this call takes (see the module
+        docstring), or a kernel failed (the batched path then runs it, writing the same K/V)."""
+        if not (isinstance(meta, NativeMetadata) and meta.paged_prefill is None
+                and meta.shared_decode is None and meta.paged_decode is not None
+                and self.takes(input_ids.shape[0])):
+            return None
+        inner, decode = model.model, meta.paged_decode
+        h = inner.embed_tokens(input_ids).float().contiguous()
+        cos, sin = (t.squeeze(1).contiguous() for t in inner.cos_sins(positions)[0])
+        out = torch.empty_like(h)
+        self._cache(kv_cache.numpy())
+        status = self._rows_fn(
+            ctypes.addressof(self.model), h.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            kv_cache.data_ptr(), meta.common.slot_mapping.data_ptr(),
+            decode.block_tables.data_ptr(), decode.seq_lens.data_ptr(), h.shape[0],
+            meta.common.block_size, decode.block_tables.shape[1], out.data_ptr(),
+            native.num_threads())
+        return None if status else out
 
     def __call__(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray, kv_cache: np.ndarray,
                  slot: int, context: np.ndarray) -> np.ndarray:
         m = self.model
-        m.kv_int8 = int(kv_cache.dtype == np.uint8)
-        m.layer_bytes, m.v_bytes, m.row_bytes = kv_cache.strides[:3]
+        self._cache(kv_cache)
         h = np.ascontiguousarray(h, dtype=np.float32).copy()
         out = np.empty((1, h.shape[0]), dtype=np.float32)
         context = np.ascontiguousarray(context, dtype=np.int64)

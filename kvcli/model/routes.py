@@ -90,7 +90,7 @@ class KernelRoutes:
                 y += bias
             return y
         in_out = weight.t()
-        if self.native is not None and rows <= self.native_gemm_max_rows and x.is_contiguous():
+        if self.native_gemm_takes(rows) and x.is_contiguous():
             if in_out.is_contiguous():
                 return native.gemm(self.native, x, in_out, bias)
             if weight.is_contiguous():  # [out, in]: a tied embedding as the LM head
@@ -105,10 +105,22 @@ class KernelRoutes:
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
         return F.linear(x, weight, bias)
 
+    def native_gemm_takes(self, rows: int) -> bool:
+        """Whether a float32 matmul of ``rows`` rows runs kvcli's own kernel (gemm.c)."""
+        return self.native is not None and self.numpy_max_rows < rows <= self.native_gemm_max_rows
+
+    def qgemm_takes(self, rows: int) -> bool:
+        """Whether a matmul of ``rows`` rows on GGUF blocks runs in registers (qgemm.c)."""
+        return rows <= self.qgemm_max_rows
+
+    def bf16_copy_rows(self, rows: int) -> bool:
+        """Whether a matmul of ``rows`` rows runs fast's bfloat16 copy instead of the integer
+        kernels (quant/int_weights.py, decoder.GatedMLP)."""
+        return 0 < self.bf16_prefill_rows <= rows
+
     def runs_bf16_copy(self, x: torch.Tensor) -> bool:
-        """Whether a matmul of ``x`` (rows of its last dimension) runs fast's bfloat16 copy
-        instead of the integer kernels (quant/int_weights.py, decoder.GatedMLP)."""
-        return 0 < self.bf16_prefill_rows * x.shape[-1] <= x.numel()
+        """:meth:`bf16_copy_rows` for ``x``'s rows (of its last dimension)."""
+        return self.bf16_copy_rows(x.numel() // max(1, x.shape[-1]))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  narrow: bool = False) -> torch.Tensor:

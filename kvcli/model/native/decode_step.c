@@ -1,17 +1,20 @@
-/* One whole batch-1 decode step of a Llama-family model, in one call (quantized or float32
- * weights).
+/* Whole decode steps of a Llama-family model, one call each (quantized or float32 weights):
+ * kvcli_decode_step for one sequence (batch 1), kvcli_decode_rows for a step whose every row is
+ * one sequence's next token (a batched decode step).
  *
  * At batch 1 the weights of SmolLM2-135M in Q4_1 are ~84 MB a token, a few milliseconds of
  * memory traffic; what the fused NumPy path (kvcli/model/numpy_decode.py) spent besides was
- * ~150 ctypes calls and ~1200 small NumPy operations a step (~4-5 ms). Here the layer stack
- * runs in C, composed of the kernels the batched path calls one by one: the matmuls of
- * qgemm.c (--quantization gguf: float32 math on the GGUF blocks), qint.c (gguf-int) or
- * gemv.c (float32 weights, where NumPy's OpenBLAS gemv ran before), the
- * RMSNorm, RoPE and SiLU-and-mul of elementwise.c, the int8 KV write of paged_attention_int8.c
- * and the many-row attention of prefill_attention.c (one query row over the context's slots).
- * Only the matmuls and the attention use the worker pool; the element-wise passes over a
- * 576-float row run on the caller. The same arithmetic as a batched step's row, kernel by
- * kernel, so the outputs are those kernels'.
+ * ~150 ctypes calls and ~1200 small NumPy operations a step (~4-5 ms). At batch 32 the torch
+ * path's Python and dispatch between the ~10 kernels of a layer cost ~0.3 of its ~1.45 ms (Xeon
+ * with AMX, fast, docs/BENCHMARKS.md). Here the layer stack runs in C, composed of the kernels
+ * the batched path calls one by one: the matmuls of qgemm.c (--quantization gguf: float32 math
+ * on the GGUF blocks), qint.c (gguf-int) or, for float32 weights, gemv.c at one row (where
+ * NumPy's OpenBLAS gemv ran before) and gemm.c at more (the batched path's), the RMSNorm, RoPE
+ * and SiLU-and-mul of elementwise.c, the int8 KV write of paged_attention_int8.c, and the
+ * attention of prefill_attention.c (batch 1: one query row over the context's slots) or
+ * paged_attention.c (rows: the batched path's paged decode kernel). The same arithmetic as the
+ * batched path, kernel by kernel, so the outputs are those kernels'; rows is equal to it bit for
+ * bit (tests/test_native_step.py).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@ int kvcli_qgemm(int64_t type, const float *x, const uint8_t *w, const float *sca
                 const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t threads);
 int kvcli_gemv(const float *x, const float *w, const float *bias, float *y, int64_t N,
                int64_t K, int64_t threads);
+void kvcli_gemm(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
+                int64_t K, int64_t threads);
 int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t *w,
                     const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t threads);
@@ -44,10 +49,20 @@ int kvcli_paged_prefill_attention(const float *, int64_t, const float *, const f
 int kvcli_paged_prefill_attention_int8(const float *, int64_t, const uint8_t *, const uint8_t *,
                                        const int64_t *, const int64_t *, float *, int64_t,
                                        int64_t, int64_t, int64_t, int64_t, float, int64_t);
+typedef int (*paged_fn)(const float *q, const void *k, const void *v, const int64_t *block_tables,
+                        const int64_t *seq_lens, float *out, int64_t num_seqs, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                        int64_t max_blocks, int64_t window, float scale, int64_t num_threads);
+int kvcli_paged_decode_attention(const float *, const float *, const float *, const int64_t *,
+                                 const int64_t *, float *, int64_t, int64_t, int64_t, int64_t,
+                                 int64_t, int64_t, int64_t, float, int64_t);
+int kvcli_paged_decode_attention_int8(const float *, const uint8_t *, const uint8_t *,
+                                      const int64_t *, const int64_t *, float *, int64_t, int64_t,
+                                      int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t);
 
 /* One matrix: kvcli_qgemm's (int_kernel 0: [out, in] GGUF blocks or int8 rows with `scale`),
- * kvcli_qint_gemm's (1: its packed tiles, for `variant`) or kvcli_gemv's (2: a float32 [in, out]
- * buffer). Mirrored by native_step.py. */
+ * kvcli_qint_gemm's (1: its packed tiles, for `variant`) or, for a float32 [in, out] buffer (2),
+ * kvcli_gemv's at one row and kvcli_gemm's at more. Mirrored by native_step.py. */
 typedef struct {
     int64_t int_kernel, type, variant;
     const uint8_t *w;
@@ -68,67 +83,132 @@ typedef struct {
     int64_t layer_bytes, v_bytes, row_bytes; /* cache strides: a layer, K to V, one slot */
 } step_model;
 
-static int matmul(const step_matrix *m, const float *x, float *y, int64_t N, int64_t K,
-                  int64_t threads) {
-    if (m->int_kernel == 2)
+/* The rows of one step and where their K/V go: one sequence attending through the many-row
+ * kernel over its context's slots (context != NULL), or `rows` sequences through the paged
+ * decode kernel over their block tables. */
+typedef struct {
+    int64_t rows;
+    const int64_t *slots;   /* [rows]: each row's new K/V slot */
+    const int64_t *context; /* batch 1: the context's slots (this token's last), else NULL */
+    int64_t context_len;
+    const int64_t *block_tables, *seq_lens; /* rows: [rows, max_blocks], [rows] */
+    int64_t block_size, max_blocks;
+} step_rows;
+
+/* Floats of scratch per row: x, qkv, attention in and out, gate_up, act, delta. */
+static int64_t row_floats(const step_model *m) {
+    const int64_t q_size = m->heads * m->head_dim;
+    return 2 * m->hidden + q_size + 2 * m->kv_heads * m->head_dim + 2 * q_size + 3 * m->ffn;
+}
+
+static int matmul(const step_matrix *m, const float *x, float *y, int64_t M, int64_t N,
+                  int64_t K, int64_t threads) {
+    if (m->int_kernel == 2 && M == 1)
         return kvcli_gemv(x, (const float *)m->w, m->bias, y, N, K, threads);
-    if (m->int_kernel)
-        return kvcli_qint_gemm(m->variant, m->type, x, m->w, m->bias, y, 1, N, K, threads);
-    return kvcli_qgemm(m->type, x, m->w, m->scale, m->bias, y, 1, N, K, threads);
-}
-
-/* This token's K and V into `slot` of one layer's cache, then its attention over `context`. */
-static int attend(const step_model *m, float *qkv, uint8_t *kv, int64_t slot,
-                  const int64_t *context, int64_t context_len, float *out, int64_t threads) {
-    const int64_t D = m->head_dim, q_size = m->heads * D, kv_size = m->kv_heads * D;
-    uint8_t *k = kv, *v = kv + m->v_bytes;
-    if (m->kv_int8) {
-        kvcli_quantize_kv(qkv + q_size, &slot, k, 1, m->kv_heads, D, kv_size, 1);
-        kvcli_quantize_kv(qkv + q_size + kv_size, &slot, v, 1, m->kv_heads, D, kv_size, 1);
-    } else {
-        memcpy(k + slot * m->row_bytes, qkv + q_size, sizeof(float) * kv_size);
-        memcpy(v + slot * m->row_bytes, qkv + q_size + kv_size, sizeof(float) * kv_size);
+    if (m->int_kernel == 2) {
+        kvcli_gemm(x, (const float *)m->w, m->bias, y, M, N, K, threads);
+        return 0;
     }
-    const int64_t seqs[4] = {0, 1, context_len, 0}; /* first row, rows, context, first slot */
-    const attention_fn fn = m->kv_int8 ? (attention_fn)kvcli_paged_prefill_attention_int8
-                                       : (attention_fn)kvcli_paged_prefill_attention;
-    return fn(qkv, q_size, k, v, context, seqs, out, 1, m->heads, m->kv_heads, D, 0, m->scale,
-              threads);
+    if (m->int_kernel)
+        return kvcli_qint_gemm(m->variant, m->type, x, m->w, m->bias, y, M, N, K, threads);
+    return kvcli_qgemm(m->type, x, m->w, m->scale, m->bias, y, M, N, K, threads);
 }
 
-/* h [hidden]: the token's embedding in, the residual stream after the last layer out; out
- * [hidden]: the final norm of it. cos/sin: this position's rows. Returns 0, else the failing
- * kernel's status (an unknown weight type, or memory ran out). */
-int kvcli_decode_step(const step_model *m, float *h, const float *cos, const float *sin,
-                      uint8_t *kv_cache, int64_t slot, const int64_t *context,
-                      int64_t context_len, float *out, int64_t threads) {
-    const int64_t H = m->hidden, F = m->ffn, D = m->head_dim;
+/* The rows' K and V into their slots of one layer's cache. */
+static void write_kv(const step_model *m, const float *qkv, uint8_t *k, uint8_t *v,
+                     const step_rows *r, int64_t threads) {
+    const int64_t q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
+    const int64_t stride = q_size + 2 * kv_size;
+    if (m->kv_int8) {
+        kvcli_quantize_kv(qkv + q_size, r->slots, k, r->rows, m->kv_heads, m->head_dim, stride,
+                          threads);
+        kvcli_quantize_kv(qkv + q_size + kv_size, r->slots, v, r->rows, m->kv_heads,
+                          m->head_dim, stride, threads);
+        return;
+    }
+    for (int64_t i = 0; i < r->rows; i++) {
+        memcpy(k + r->slots[i] * m->row_bytes, qkv + i * stride + q_size, sizeof(float) * kv_size);
+        memcpy(v + r->slots[i] * m->row_bytes, qkv + i * stride + q_size + kv_size,
+               sizeof(float) * kv_size);
+    }
+}
+
+/* The rows' new K/V into one layer's cache, then their attention. q_in: scratch for the paged
+ * kernel's contiguous [rows, heads, head_dim] queries. */
+static int attend(const step_model *m, float *qkv, uint8_t *kv, const step_rows *r, float *q_in,
+                  float *out, int64_t threads) {
+    const int64_t D = m->head_dim, q_size = m->heads * D, stride = q_size + 2 * m->kv_heads * D;
+    uint8_t *k = kv, *v = kv + m->v_bytes;
+    write_kv(m, qkv, k, v, r, r->context ? 1 : threads);
+    if (r->context) {
+        const int64_t seqs[4] = {0, 1, r->context_len, 0}; /* first row, rows, context, slot */
+        const attention_fn fn = m->kv_int8 ? (attention_fn)kvcli_paged_prefill_attention_int8
+                                           : (attention_fn)kvcli_paged_prefill_attention;
+        return fn(qkv, q_size, k, v, r->context, seqs, out, 1, m->heads, m->kv_heads, D, 0,
+                  m->scale, threads);
+    }
+    for (int64_t i = 0; i < r->rows; i++) memcpy(q_in + i * q_size, qkv + i * stride, sizeof(float) * q_size);
+    const paged_fn fn = m->kv_int8 ? (paged_fn)kvcli_paged_decode_attention_int8
+                                   : (paged_fn)kvcli_paged_decode_attention;
+    return fn(q_in, k, v, r->block_tables, r->seq_lens, out, r->rows, m->heads, m->kv_heads, D,
+              r->block_size, r->max_blocks, 0, m->scale, threads);
+}
+
+static void add(float *h, const float *delta, int64_t n) {
+    for (int64_t j = 0; j < n; j++) h[j] += delta[j];
+}
+
+/* h [rows, hidden]: the tokens' embeddings in, the residual stream after the last layer out;
+ * out [rows, hidden]: its final norm. cos/sin [rows, head_dim]: the rows' positions. The
+ * element-wise kernels of one row run on the caller. Returns 0, else the failing kernel's
+ * status (an unknown weight type, or memory ran out). */
+static int run(const step_model *m, float *h, const float *cos, const float *sin,
+               uint8_t *kv_cache, const step_rows *r, float *out, int64_t threads) {
+    const int64_t H = m->hidden, F = m->ffn, D = m->head_dim, R = r->rows;
     const int64_t q_size = m->heads * D, qkv_size = q_size + 2 * m->kv_heads * D;
-    const int64_t floats = H + qkv_size + q_size + 2 * F + F + H;
-    float *x = malloc(sizeof(float) * floats);
+    const int64_t each = R > 1 ? threads : 1; /* element-wise passes over one row: no workers */
+    float *x = malloc(sizeof(float) * R * row_floats(m));
     if (!x) return -2;
-    float *qkv = x + H, *attn = qkv + qkv_size, *gate_up = attn + q_size, *act = gate_up + 2 * F;
-    float *delta = act + F;
+    float *qkv = x + R * H, *q_in = qkv + R * qkv_size, *attn = q_in + R * q_size;
+    float *gate_up = attn + R * q_size, *act = gate_up + R * 2 * F, *delta = act + R * F;
     int status = 0;
     for (int64_t i = 0; i < m->num_layers && !status; i++) {
         const step_layer *l = &m->layers[i];
-        kvcli_rms_norm(h, l->in_norm, x, 1, H, m->eps, 1);
-        status = matmul(&l->qkv, x, qkv, qkv_size, H, threads);
+        kvcli_rms_norm(h, l->in_norm, x, R, H, m->eps, each);
+        status = matmul(&l->qkv, x, qkv, R, qkv_size, H, threads);
         if (status) break;
-        kvcli_rope(qkv, cos, sin, 1, qkv_size, m->heads + m->kv_heads, D, 1);
-        status = attend(m, qkv, kv_cache + i * m->layer_bytes, slot, context, context_len, attn,
-                        threads);
-        if (!status) status = matmul(&l->o, attn, delta, H, q_size, threads);
+        kvcli_rope(qkv, cos, sin, R, qkv_size, m->heads + m->kv_heads, D, each);
+        status = attend(m, qkv, kv_cache + i * m->layer_bytes, r, q_in, attn, threads);
+        if (!status) status = matmul(&l->o, attn, delta, R, H, q_size, threads);
         if (status) break;
-        for (int64_t j = 0; j < H; j++) h[j] += delta[j];
-        kvcli_rms_norm(h, l->post_norm, x, 1, H, m->eps, 1);
-        status = matmul(&l->gate_up, x, gate_up, 2 * F, H, threads);
+        add(h, delta, R * H);
+        kvcli_rms_norm(h, l->post_norm, x, R, H, m->eps, each);
+        status = matmul(&l->gate_up, x, gate_up, R, 2 * F, H, threads);
         if (status) break;
-        kvcli_silu_and_mul(gate_up, act, 1, F, 1);
-        status = matmul(&l->down, act, delta, H, F, threads);
-        for (int64_t j = 0; j < H; j++) h[j] += delta[j];
+        kvcli_silu_and_mul(gate_up, act, R, F, each);
+        status = matmul(&l->down, act, delta, R, H, F, threads);
+        add(h, delta, R * H);
     }
-    if (!status) kvcli_rms_norm(h, m->final_norm, out, 1, H, m->eps, 1);
+    if (!status) kvcli_rms_norm(h, m->final_norm, out, R, H, m->eps, each);
     free(x);
     return status;
+}
+
+/* One token of one sequence: its K/V written at `slot`, attending over `context` (the
+ * context's slots, this token's last). */
+int kvcli_decode_step(const step_model *m, float *h, const float *cos, const float *sin,
+                      uint8_t *kv_cache, int64_t slot, const int64_t *context,
+                      int64_t context_len, float *out, int64_t threads) {
+    const step_rows r = {1, &slot, context, context_len, NULL, NULL, 0, 0};
+    return run(m, h, cos, sin, kv_cache, &r, out, threads);
+}
+
+/* The next token of each of `rows` sequences: row i's K/V at slots[i], attending over its
+ * seq_lens[i] tokens through block_tables [rows, max_blocks] (the paged decode kernel's). */
+int kvcli_decode_rows(const step_model *m, float *h, const float *cos, const float *sin,
+                      uint8_t *kv_cache, const int64_t *slots, const int64_t *block_tables,
+                      const int64_t *seq_lens, int64_t rows, int64_t block_size,
+                      int64_t max_blocks, float *out, int64_t threads) {
+    const step_rows r = {rows, slots, NULL, 0, block_tables, seq_lens, block_size, max_blocks};
+    return run(m, h, cos, sin, kv_cache, &r, out, threads);
 }

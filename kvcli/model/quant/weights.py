@@ -103,7 +103,7 @@ class QuantWeight(_AsArray):
         lead, in_features = x.shape[:-1], self.shape[1]
         x2 = x.reshape(-1, in_features).float().contiguous()
         lib = routes.native if self.kind in NATIVE_TYPES else None
-        if lib is not None and x2.shape[0] <= routes.qgemm_max_rows:
+        if lib is not None and routes.qgemm_takes(x2.shape[0]):
             y = x2.new_empty((x2.shape[0], self.shape[0]))
             status = lib.kvcli_qgemm(
                 self.kind, x2.data_ptr(), self.data.data_ptr(), _ptr(self.scale),
