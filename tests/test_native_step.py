@@ -12,6 +12,8 @@ from quant_runs import PROMPT, greedy
 from test_quant_model import quant_gguf  # noqa: F401 - the tiny GGUF fixture
 
 from kvcli.engine.llm import LLM
+from kvcli.model.attention.native_cpu import NativeMetadata
+from kvcli.model.attention.shared_prefix import MIN_CASCADE_BLOCKS
 from kvcli.model.backend import model_backend
 from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.native_step import NativeStep
@@ -146,6 +148,34 @@ def test_batched_decode_steps_are_one_native_call_equal_to_the_torch_path(
 def test_float32_batched_decode_steps_equal_the_torch_path(tiny_models, family, kv):
     _check_rows(LLM(str(tiny_models[family]), block_size=4, kv_cache_dtype=kv,
                     enable_prefix_caching=False))
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_decode_steps_sharing_a_cached_prefix_equal_the_torch_path(tiny_models, kv):
+    """Rows whose contexts start with the same cached blocks (>= MIN_CASCADE_BLOCKS): the
+    shared-prefix kernel for them, the paged kernel for the other row, scattered back."""
+    prefix = list(range(30, 30 + 4 * MIN_CASCADE_BLOCKS + 2))
+    prompts = [prefix + [7, 8], prefix + [9], [5, 6, 7, 250]]
+    llm = LLM(str(tiny_models["llama-gqa"]), block_size=4, kv_cache_dtype=kv)
+    model, groups = llm.engine.model, []
+    real = NativeMetadata.__init__
+
+    def seen(self, *args):
+        real(self, *args)
+        groups.append(self.shared_decode is not None and self.shared_decode.rest is not None)
+
+    def run():
+        llm.engine.reset_prefix_cache()
+        llm.generate([prefix], SamplingParams(max_tokens=1))  # the prefix cached first
+        outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True, logprobs=0))
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    calls = _counted_rows(model)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(NativeMetadata, "__init__", seen)
+        got = run()
+    assert any(groups) and len(calls) >= 5
+    assert got == _torch_rows(run)
 
 
 def test_a_row_count_the_batched_path_runs_elsewhere_is_declined(tiny_models, monkeypatch):

@@ -7,17 +7,20 @@ import torch
 from fidelity import HFReference, compare
 
 from kvcli.engine.llm import LLM
+from kvcli.model.numpy_decode import NumpyDecoder
 from kvcli.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-gqa"])
-def test_single_sequence_decode_uses_numpy_and_equals_transformers(tiny_models, family):
+def test_single_sequence_decode_uses_numpy_and_equals_transformers(tiny_models, family,
+                                                                  monkeypatch):
     llm = LLM(str(tiny_models[family]), block_size=4)
     model = llm.engine.model
     assert model._numpy_decoder is not None
     calls = []
-    fast = model._numpy_decoder
-    model._numpy_decoder = lambda *a: calls.append(1) or fast(*a)
+    real = NumpyDecoder.__call__
+    monkeypatch.setattr(NumpyDecoder, "__call__",
+                        lambda self, *a: calls.append(1) or real(self, *a))
     prompt = [5, 17, 99, 3, 250, 41, 7]
     out = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))
     assert len(calls) == 23  # every step after the first token

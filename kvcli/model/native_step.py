@@ -16,9 +16,10 @@ and the cache is float32 or int8 rows; otherwise NumpyDecoder keeps its own loop
 A batched decode step through the torch path spends ~0.3 of its ~1.45 ms a layer (32 rows,
 SmolLM2-135M, fast, Xeon with AMX) in Python and dispatch between its ~10 kernel calls; in
 one call those gaps are gone. It takes a step only where the batched path would run the same
-kernels: every row a decode token (the paged decode kernel: no prefill chunk, no group sharing
-a cached prefix), and a row count at which every matrix runs the kernel the call runs
-(routes.py's rules). Its outputs equal the batched path's bit for bit.
+kernels: every row a decode token (no prefill chunk), attended as native_cpu.py attends it (the
+shared-prefix decode kernel for groups sharing a cached prefix, the paged decode kernel for the
+rest), and a row count at which every matrix runs the kernel the call runs (routes.py's rules).
+Its outputs equal the batched path's bit for bit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ class _Layer(ctypes.Structure):
                 ("gate_up", _Matrix), ("down", _Matrix)]
 
 
+class _Rows(ctypes.Structure):  # decode_step.c step_rows: how a batched step's rows attend
+    _fields_ = [("rows", _I64), ("slots", _P), ("context", _P), ("context_len", _I64),
+                ("paged_rows", _P), ("paged", _I64), ("block_tables", _P), ("seq_lens", _P),
+                ("block_size", _I64), ("max_blocks", _I64), ("shared_slots", _P),
+                ("shared_seqs", _P), ("groups", _P), ("num_groups", _I64)]
+
+
 class _Model(ctypes.Structure):
     _fields_ = [("num_layers", _I64), ("hidden", _I64), ("heads", _I64), ("kv_heads", _I64),
                 ("head_dim", _I64), ("ffn", _I64), ("eps", ctypes.c_float),
@@ -60,7 +68,7 @@ class _Model(ctypes.Structure):
 def _bind(lib: ctypes.CDLL) -> tuple[Any, Any]:
     one, rows = lib.kvcli_decode_step, lib.kvcli_decode_rows
     one.argtypes = [_P, _P, _P, _P, _P, _I64, _P, _I64, _P, _I64]
-    rows.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P, _I64]
+    rows.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64]
     one.restype = rows.restype = ctypes.c_int
     return one, rows
 
@@ -141,21 +149,17 @@ class NativeStep:
         """The final-normed hidden states of a step whose every row is one sequence's next
         token, its K/V written; None where the step is not one this call takes (see the module
         docstring), or a kernel failed (the batched path then runs it, writing the same K/V)."""
-        if not (isinstance(meta, NativeMetadata) and meta.paged_prefill is None
-                and meta.shared_decode is None and meta.paged_decode is not None
-                and self.takes(input_ids.shape[0])):
+        rows = _rows(meta)
+        if rows is None or not self.takes(input_ids.shape[0]):
             return None
-        inner, decode = model.model, meta.paged_decode
+        inner = model.model
         h = inner.embed_tokens(input_ids).float().contiguous()
         cos, sin = (t.squeeze(1).contiguous() for t in inner.cos_sins(positions)[0])
         out = torch.empty_like(h)
         self._cache(kv_cache.numpy())
-        status = self._rows_fn(
-            ctypes.addressof(self.model), h.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-            kv_cache.data_ptr(), meta.common.slot_mapping.data_ptr(),
-            decode.block_tables.data_ptr(), decode.seq_lens.data_ptr(), h.shape[0],
-            meta.common.block_size, decode.block_tables.shape[1], out.data_ptr(),
-            native.num_threads())
+        status = self._rows_fn(ctypes.addressof(self.model), h.data_ptr(), cos.data_ptr(),
+                               sin.data_ptr(), kv_cache.data_ptr(), ctypes.addressof(rows),
+                               out.data_ptr(), native.num_threads())
         return None if status else out
 
     def __call__(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray, kv_cache: np.ndarray,
@@ -172,3 +176,29 @@ class NativeStep:
             raise MemoryError(f"native decode step failed (status {status})")
         return out
 
+
+
+def _rows(meta: object) -> _Rows | None:
+    """How a step's rows attend (the native backends' metadata, as native_cpu.native_forward
+    reads it: it points into meta's tensors); None unless every row is a decode token."""
+    if not isinstance(meta, NativeMetadata) or meta.paged_prefill is not None:
+        return None
+    shared = meta.shared_decode
+    decode = meta.paged_decode if shared is None else shared.rest
+    if decode is None and shared is None:
+        return None
+    c = meta.common
+    r = _Rows(rows=c.slot_mapping.shape[0], slots=c.slot_mapping.data_ptr(),
+              block_size=c.block_size)
+    if decode is not None:
+        r.paged, r.block_tables, r.seq_lens = (len(decode.seqs), decode.block_tables.data_ptr(),
+                                               decode.seq_lens.data_ptr())
+        r.max_blocks = decode.block_tables.shape[1]
+        if shared is not None:  # else every row, in order
+            r.paged_rows = decode.rows.data_ptr()
+    if shared is not None:
+        r.shared_slots, r.shared_seqs, r.groups = (shared.slots.data_ptr(),
+                                                   shared.seqs.data_ptr(),
+                                                   shared.groups.data_ptr())
+        r.num_groups = shared.groups.shape[0]
+    return r

@@ -49,6 +49,16 @@ int kvcli_paged_prefill_attention(const float *, int64_t, const float *, const f
 int kvcli_paged_prefill_attention_int8(const float *, int64_t, const uint8_t *, const uint8_t *,
                                        const int64_t *, const int64_t *, float *, int64_t,
                                        int64_t, int64_t, int64_t, int64_t, float, int64_t);
+typedef int (*shared_fn)(const float *q, int64_t q_stride, const void *k, const void *v,
+                         const int64_t *slots, const int64_t *seqs, const int64_t *groups,
+                         float *out, int64_t num_groups, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t head_dim, float scale, int64_t num_threads);
+int kvcli_shared_decode_attention(const float *, int64_t, const float *, const float *,
+                                  const int64_t *, const int64_t *, const int64_t *, float *,
+                                  int64_t, int64_t, int64_t, int64_t, float, int64_t);
+int kvcli_shared_decode_attention_int8(const float *, int64_t, const uint8_t *, const uint8_t *,
+                                       const int64_t *, const int64_t *, const int64_t *, float *,
+                                       int64_t, int64_t, int64_t, int64_t, float, int64_t);
 typedef int (*paged_fn)(const float *q, const void *k, const void *v, const int64_t *block_tables,
                         const int64_t *seq_lens, float *out, int64_t num_seqs, int64_t num_heads,
                         int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -83,22 +93,29 @@ typedef struct {
     int64_t layer_bytes, v_bytes, row_bytes; /* cache strides: a layer, K to V, one slot */
 } step_model;
 
-/* The rows of one step and where their K/V go: one sequence attending through the many-row
- * kernel over its context's slots (context != NULL), or `rows` sequences through the paged
- * decode kernel over their block tables. */
+/* The rows of one step and how they attend (mirrored by native_step.py): one sequence through
+ * the many-row kernel over its context's slots (context != NULL), or each row one sequence's
+ * next token as the batched path attends it (kvcli/model/attention/native_cpu.py): groups of
+ * sequences sharing a cached prefix through the shared-prefix decode kernel, the other rows
+ * (`paged` of them) through the paged decode kernel over their block tables. */
 typedef struct {
     int64_t rows;
     const int64_t *slots;   /* [rows]: each row's new K/V slot */
     const int64_t *context; /* batch 1: the context's slots (this token's last), else NULL */
     int64_t context_len;
-    const int64_t *block_tables, *seq_lens; /* rows: [rows, max_blocks], [rows] */
+    const int64_t *paged_rows; /* [paged]: the paged kernel's rows; NULL: every row, in order */
+    int64_t paged;
+    const int64_t *block_tables, *seq_lens; /* [paged, max_blocks], [paged] */
     int64_t block_size, max_blocks;
+    const int64_t *shared_slots, *shared_seqs, *groups; /* the shared kernel's arguments */
+    int64_t num_groups;
 } step_rows;
 
-/* Floats of scratch per row: x, qkv, attention in and out, gate_up, act, delta. */
+/* Floats of scratch per row: x, qkv, the paged kernel's queries and output, the attention's
+ * output, gate_up, act, delta. */
 static int64_t row_floats(const step_model *m) {
     const int64_t q_size = m->heads * m->head_dim;
-    return 2 * m->hidden + q_size + 2 * m->kv_heads * m->head_dim + 2 * q_size + 3 * m->ffn;
+    return 2 * m->hidden + q_size + 2 * m->kv_heads * m->head_dim + 3 * q_size + 3 * m->ffn;
 }
 
 static int matmul(const step_matrix *m, const float *x, float *y, int64_t M, int64_t N,
@@ -133,10 +150,29 @@ static void write_kv(const step_model *m, const float *qkv, uint8_t *k, uint8_t 
     }
 }
 
-/* The rows' new K/V into one layer's cache, then their attention. q_in: scratch for the paged
- * kernel's contiguous [rows, heads, head_dim] queries. */
+/* The paged decode kernel over rows r->paged_rows (all, in order, where NULL) into out, through
+ * q_in (their queries, contiguous) and, for listed rows, p_out. */
+static int attend_paged(const step_model *m, const float *qkv, const uint8_t *k,
+                        const uint8_t *v, const step_rows *r, float *q_in, float *p_out,
+                        float *out, int64_t threads) {
+    const int64_t D = m->head_dim, q_size = m->heads * D, stride = q_size + 2 * m->kv_heads * D;
+    for (int64_t i = 0; i < r->paged; i++)
+        memcpy(q_in + i * q_size, qkv + (r->paged_rows ? r->paged_rows[i] : i) * stride,
+               sizeof(float) * q_size);
+    const paged_fn fn = m->kv_int8 ? (paged_fn)kvcli_paged_decode_attention_int8
+                                   : (paged_fn)kvcli_paged_decode_attention;
+    float *dst = r->paged_rows ? p_out : out;
+    const int status = fn(q_in, k, v, r->block_tables, r->seq_lens, dst, r->paged, m->heads,
+                          m->kv_heads, D, r->block_size, r->max_blocks, 0, m->scale, threads);
+    for (int64_t i = 0; r->paged_rows && i < r->paged; i++)
+        memcpy(out + r->paged_rows[i] * q_size, p_out + i * q_size, sizeof(float) * q_size);
+    return status;
+}
+
+/* The rows' new K/V into one layer's cache, then their attention into out [rows, q_size].
+ * q_in, p_out: the paged kernel's scratch. */
 static int attend(const step_model *m, float *qkv, uint8_t *kv, const step_rows *r, float *q_in,
-                  float *out, int64_t threads) {
+                  float *p_out, float *out, int64_t threads) {
     const int64_t D = m->head_dim, q_size = m->heads * D, stride = q_size + 2 * m->kv_heads * D;
     uint8_t *k = kv, *v = kv + m->v_bytes;
     write_kv(m, qkv, k, v, r, r->context ? 1 : threads);
@@ -147,11 +183,15 @@ static int attend(const step_model *m, float *qkv, uint8_t *kv, const step_rows 
         return fn(qkv, q_size, k, v, r->context, seqs, out, 1, m->heads, m->kv_heads, D, 0,
                   m->scale, threads);
     }
-    for (int64_t i = 0; i < r->rows; i++) memcpy(q_in + i * q_size, qkv + i * stride, sizeof(float) * q_size);
-    const paged_fn fn = m->kv_int8 ? (paged_fn)kvcli_paged_decode_attention_int8
-                                   : (paged_fn)kvcli_paged_decode_attention;
-    return fn(q_in, k, v, r->block_tables, r->seq_lens, out, r->rows, m->heads, m->kv_heads, D,
-              r->block_size, r->max_blocks, 0, m->scale, threads);
+    int status = 0;
+    if (r->num_groups) {
+        const shared_fn fn = m->kv_int8 ? (shared_fn)kvcli_shared_decode_attention_int8
+                                        : (shared_fn)kvcli_shared_decode_attention;
+        status = fn(qkv, stride, k, v, r->shared_slots, r->shared_seqs, r->groups, out,
+                    r->num_groups, m->heads, m->kv_heads, D, m->scale, threads);
+    }
+    if (!status && r->paged) status = attend_paged(m, qkv, k, v, r, q_in, p_out, out, threads);
+    return status;
 }
 
 static void add(float *h, const float *delta, int64_t n) {
@@ -169,7 +209,8 @@ static int run(const step_model *m, float *h, const float *cos, const float *sin
     const int64_t each = R > 1 ? threads : 1; /* element-wise passes over one row: no workers */
     float *x = malloc(sizeof(float) * R * row_floats(m));
     if (!x) return -2;
-    float *qkv = x + R * H, *q_in = qkv + R * qkv_size, *attn = q_in + R * q_size;
+    float *qkv = x + R * H, *q_in = qkv + R * qkv_size, *p_out = q_in + R * q_size;
+    float *attn = p_out + R * q_size;
     float *gate_up = attn + R * q_size, *act = gate_up + R * 2 * F, *delta = act + R * F;
     int status = 0;
     for (int64_t i = 0; i < m->num_layers && !status; i++) {
@@ -178,7 +219,7 @@ static int run(const step_model *m, float *h, const float *cos, const float *sin
         status = matmul(&l->qkv, x, qkv, R, qkv_size, H, threads);
         if (status) break;
         kvcli_rope(qkv, cos, sin, R, qkv_size, m->heads + m->kv_heads, D, each);
-        status = attend(m, qkv, kv_cache + i * m->layer_bytes, r, q_in, attn, threads);
+        status = attend(m, qkv, kv_cache + i * m->layer_bytes, r, q_in, p_out, attn, threads);
         if (!status) status = matmul(&l->o, attn, delta, R, H, q_size, threads);
         if (status) break;
         add(h, delta, R * H);
@@ -199,16 +240,13 @@ static int run(const step_model *m, float *h, const float *cos, const float *sin
 int kvcli_decode_step(const step_model *m, float *h, const float *cos, const float *sin,
                       uint8_t *kv_cache, int64_t slot, const int64_t *context,
                       int64_t context_len, float *out, int64_t threads) {
-    const step_rows r = {1, &slot, context, context_len, NULL, NULL, 0, 0};
+    const step_rows r = {1, &slot, context, context_len, NULL, 0, NULL, NULL, 0, 0,
+                         NULL, NULL, NULL, 0};
     return run(m, h, cos, sin, kv_cache, &r, out, threads);
 }
 
-/* The next token of each of `rows` sequences: row i's K/V at slots[i], attending over its
- * seq_lens[i] tokens through block_tables [rows, max_blocks] (the paged decode kernel's). */
+/* The next token of each of r->rows sequences (r: how they attend). */
 int kvcli_decode_rows(const step_model *m, float *h, const float *cos, const float *sin,
-                      uint8_t *kv_cache, const int64_t *slots, const int64_t *block_tables,
-                      const int64_t *seq_lens, int64_t rows, int64_t block_size,
-                      int64_t max_blocks, float *out, int64_t threads) {
-    const step_rows r = {rows, slots, NULL, 0, block_tables, seq_lens, block_size, max_blocks};
-    return run(m, h, cos, sin, kv_cache, &r, out, threads);
+                      uint8_t *kv_cache, const step_rows *r, float *out, int64_t threads) {
+    return r->context ? -1 : run(m, h, cos, sin, kv_cache, r, out, threads);
 }
