@@ -232,10 +232,11 @@ def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_p
     """Killed with SIGKILL, restarted, stopped with SIGTERM (graceful), restarted: done once."""
     data = tmp_path / "data"
     proc = ServeProcess(tiny_models["llama"], data, "--max-num-seqs", "2", "-q").start()
-    total = 90
+    # Enough steps that the batch outlasts the restart's first completions and the SIGTERM.
+    total, tokens = 90, 128
     try:
         client = openai.OpenAI(base_url=proc.base_url, api_key="unused", max_retries=0)
-        rows = [batch_line(f"k{i}", max_tokens=32, ignore_eos=True) for i in range(total)]
+        rows = [batch_line(f"k{i}", max_tokens=tokens, ignore_eos=True) for i in range(total)]
         with open(write_jsonl(tmp_path / "kill.jsonl", rows), "rb") as f:
             file_id = client.files.create(file=f, purpose="batch").id
         batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
@@ -262,7 +263,7 @@ def test_sigkill_mid_batch_then_restart_finishes_each_id_once(tiny_models, tmp_p
         assert sorted(r["custom_id"] for r in out) == sorted(f"k{i}" for i in range(total))
         for row in out:
             ChatCompletion.model_validate(row["response"]["body"])
-        assert done.usage.output_tokens == 32 * total
+        assert done.usage.output_tokens == tokens * total
     finally:
         proc.stop()
 

@@ -83,7 +83,7 @@ def model_backend(model: Any) -> Backend:
     if decoder is None:
         batch1 = "as batched"
     elif decoder.native_step is not None:  # model/native_step.py
-        batch1 = "native fused (one call a step)"
+        batch1 = "native fused (one call a step, as are batched steps of decode tokens only)"
     else:
         batch1 = "numpy fused" + (
             ", OpenBLAS threads adapt to load" if decoder.threads is not None else "")
