@@ -246,9 +246,9 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
     const int64_t n = len - first, *table = j->block_tables + s * j->max_blocks;
     const float *q = j->q + s * H * D;
     float *o = j->out + s * H * D, *inv = w->inv, *bsum = w->bsum;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t pos = first + t;
-        w->rows[t] = (table[pos / bs] * bs + pos % bs) * Hkv * kv_row(D);
+    for (int64_t t = 0, blk = first / bs, off = first % bs; t < n; t++) { /* no division a token */
+        w->rows[t] = (table[blk] * bs + off) * Hkv * kv_row(D);
+        if (++off == bs) off = 0, blk++;
     }
     const int8_t *qc = NULL; /* the heads rounded to int8, where the scores are integer */
 #if defined(INT_SCORES)
