@@ -18,8 +18,9 @@ SmolLM2-135M, fast, Xeon with AMX) in Python and dispatch between its ~10 kernel
 one call those gaps are gone. It takes a step only where the batched path would run the same
 kernels: every row a decode token (no prefill chunk), attended as native_cpu.py attends it (the
 shared-prefix decode kernel for groups sharing a cached prefix, the paged decode kernel for the
-rest), and a row count at which every matrix runs the kernel the call runs (routes.py's rules).
-Its outputs equal the batched path's bit for bit.
+rest; no model with a sliding window has a native step: NumpyDecoder.supports), and a row count
+at which every matrix runs the kernel the call runs (routes.py's rules). Its outputs equal the
+batched path's bit for bit.
 """
 
 from __future__ import annotations
