@@ -184,8 +184,7 @@ def _rows(meta: object) -> _Rows | None:
     reads it: it points into meta's tensors); None unless every row is a decode token."""
     if not isinstance(meta, NativeMetadata) or meta.paged_prefill is not None:
         return None
-    shared = meta.shared_decode
-    decode = meta.paged_decode if shared is None else shared.rest
+    shared, decode = meta.decode_kernels(None)  # no native step where a layer has a window
     if decode is None and shared is None:
         return None
     c = meta.common

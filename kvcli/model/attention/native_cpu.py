@@ -119,6 +119,13 @@ class NativeMetadata:
     paged_prefill: PagedRows | None  # every other sequence
     shared_decode: PagedRows | None  # decode tokens sharing a cached prefix
 
+    def decode_kernels(self, window: int | None) -> tuple[PagedRows | None, PagedDecode | None]:
+        """Which kernel reads which decode tokens: the shared-prefix groups (none under a
+        window, which may hide the prefix) and the paged decode kernel's tokens (the rest).
+        native_forward and the one-call decode step (model/native_step.py) both read it."""
+        shared = self.shared_decode if window is None else None
+        return shared, self.paged_decode if shared is None else shared.rest
+
 
 class NativeCPUBackend:
     name: ClassVar[str] = "native-cpu"
@@ -161,15 +168,14 @@ class NativeImpl:
 def native_forward(q: torch.Tensor, kv_layer: torch.Tensor, meta: NativeMetadata,
                    window: int | None, scale: float) -> torch.Tensor:
     """Every row's attention for a step whose new K/V are already in ``kv_layer``."""
-    lib, decode, block_size = meta.lib, meta.paged_decode, meta.common.block_size
-    shared = meta.shared_decode if window is None else None  # a window may hide the prefix
+    lib, block_size = meta.lib, meta.common.block_size
+    shared, decode = meta.decode_kernels(window)
     if shared is None and meta.paged_prefill is None and decode is not None:
         return _decode(lib, q, kv_layer, decode, block_size, window, scale)  # pure decode
     out = torch.empty(q.shape, dtype=q.dtype)  # q's rows are read where they lie
     if shared is not None:
         native.shared_decode_attention(lib, q, kv_layer, shared.slots, shared.seqs,
                                        shared.groups, out, scale)
-        decode = shared.rest
     if decode is not None:
         out[decode.rows] = _decode(lib, q[decode.rows], kv_layer, decode, block_size,
                                    window, scale)
