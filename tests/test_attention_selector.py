@@ -46,8 +46,11 @@ def test_an_int8_cache_takes_its_native_backend_or_is_refused() -> None:
     lib = native.load()  # the report asks the kernels whether they score in integers
     chosen = selector.select_attention_backend(platform(dtype=INT8_STORAGE, lib=lib), PLAIN)
     assert type(chosen) is NativeInt8Backend and "int8" in chosen.decode
-    assert ("VNNI integer scores" in chosen.prefill) == native.int_scores(
-        lib, torch.empty(2, 1, 1, 72, dtype=INT8_STORAGE), 64)
+    probe = torch.empty(2, 1, 1, 72, dtype=INT8_STORAGE)
+    assert ("VNNI integer scores" in chosen.decode) == native.int_scores(lib, probe, 64)
+    tiles = lib is not None and native.attention_amx(lib, probe)  # AMX implies VNNI's scores
+    assert ("AMX tiles (int8 scores" in chosen.prefill) == tiles
+    assert tiles or chosen.prefill == chosen.decode
     for plat, layers, why in [(platform(dtype=INT8_STORAGE), PLAIN, "needs the native CPU"),
                               (platform("cuda", INT8_STORAGE), PLAIN, "CPU only"),
                               (platform(dtype=INT8_STORAGE, lib=object()), CAPPED, "soft-capped")]:

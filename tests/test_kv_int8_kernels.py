@@ -12,7 +12,13 @@ import random
 import pytest
 import torch
 from native_variants import native_lib  # noqa: F401 - fixture: each build (AVX-512, AVX2)
-from test_native_prefill_attention import BLOCK, long_contexts, reference, shuffled_tables
+from test_native_prefill_attention import (
+    BLOCK,
+    LONG_POOL,
+    long_contexts,
+    reference,
+    shuffled_tables,
+)
 
 from kvcli.model import native
 from kvcli.model.attention import LayerAttention, allocate_kv_cache, build_attention_metadata
@@ -223,3 +229,42 @@ def test_pool_rows_carry_their_parameters() -> None:
     assert pool.shape == (2, 2, 4 * BLOCK, 3, 72) and pool.dtype == torch.uint8
     assert kv_cache_bytes_per_block(Spec(), BLOCK, INT8_STORAGE) * 4 == pool.numel()
     assert kv_cache_bytes_per_block(Spec(), BLOCK, torch.float32) == 2 * 2 * BLOCK * 3 * 64 * 4
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_amx_tiles_and_vector_kernel_agree_over_the_codes(window, monkeypatch):
+    """Where the many-row kernel runs on AMX tiles (native/prefill_amx.h), the vector kernel
+    it stands in for gives the same attention: both within the float64 tolerance of the codes'
+    attention, on prefill chunks across softmax steps and on decode tokens sharing a prefix
+    (the scores are the same integers; the values' side rounds p * scale to two bfloat16s)."""
+    monkeypatch.setenv("KVCLI_NATIVE_ISA", "native")
+    lib = native.load()
+    probe = torch.zeros(2, 1, 1, 72, dtype=INT8_STORAGE)
+    if lib is None or not native.attention_amx(lib, probe):
+        pytest.skip("no AMX-INT8 and AMX-BF16 here (or the OS did not grant the tiles)")
+    monkeypatch.setenv("KVCLI_NATIVE_THREADS", "2")
+    computed, new, tables, kv, q, k, v = long_contexts(11)
+    shared = list(range(LONG_POOL, LONG_POOL + 6))  # 18 decode tokens sharing 6 blocks
+    for i in range(18):
+        tables.append(shared + [LONG_POOL + 6 + i])
+        computed.append(len(shared) * BLOCK + i % BLOCK)
+        new.append(1)
+    more = torch.randn(2, 24 * BLOCK, *kv.shape[2:])
+    kv8 = quantized(lib, torch.cat([kv, more], dim=1) * 3 + 0.5)
+    q, k, v = (torch.cat([t, torch.randn(18, *t.shape[1:])]) for t in (q, k, v))
+    chosen = backend(lib)
+    meta = chosen.build_metadata(build_attention_metadata(tables, computed, new, BLOCK, "cpu"))
+    assert meta.shared_decode is not None
+    outs = []
+    try:
+        for tiles in (1, 0):
+            assert native.attention_amx(lib, probe, tiles) == bool(tiles)
+            layer = chosen.layer(LayerAttention(0.125, window))
+            outs.append(layer.forward(q, k, v, kv8, meta))  # writes the same k, v each time
+    finally:
+        native.attention_amx(lib, probe, 1)
+    want = expected(lib, kv8, q, tables, computed, new, window, 0.125)
+    for got in outs:
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+    assert not torch.equal(outs[0], outs[1])  # two kernels ran
+    assert native.attention_amx(lib, probe)

@@ -9,7 +9,10 @@ shared-prefix decode and prefill kernels read the codes in place (paged_attentio
 prefill_attention_int8.c): no de-quantized copy of the cache is made. Where the CPU has
 AVX512-VNNI the kernels score in integers: each query row rounded to int8 (one scale per row
 and head) against the keys' codes, 64 products per instruction (native/kv_int8.h,
-decode_vnni.h, prefill_scores.h); the values' side stays float32. The rows a step attends
+decode_vnni.h, prefill_scores.h); the values' side stays float32. Where it also has AMX-INT8
+and AMX-BF16, the many-row kernel (prefill chunks, decode tokens sharing a prefix) runs both
+products on AMX tiles (native/prefill_amx.h: the same integer scores; the values' side as two
+bfloat16s times the codes, float32 sums). The rows a step attends
 are the same as the float32 route's (native_cpu.py's metadata), so only the K/V write and the
 kernels differ.
 
@@ -45,7 +48,11 @@ class NativeInt8Backend(NativeCPUBackend):
         return "native paged, int8 KV"
 
     @property  # type: ignore[override]
-    def prefill(self) -> str:
+    def prefill(self) -> str:  # the many-row kernel: on AMX tiles where it can run them
+        probe = torch.empty(2, 1, 1, 64 + INT8_ROW_EXTRA, dtype=INT8_STORAGE)
+        if self.lib is not None and native.attention_amx(self.lib, probe):
+            return ("native paged, int8 KV, AMX tiles (int8 scores, bf16 values; "
+                    "head sizes % 64)")
         return self.decode
 
     @classmethod

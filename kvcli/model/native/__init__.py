@@ -61,6 +61,8 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
         fn.restype = ctypes.c_int
         fn = getattr(lib, f"kvcli_attention_int_scores{suffix}")
         fn.argtypes, fn.restype = [I64], I64
+        fn = getattr(lib, f"kvcli_attention_amx{suffix}")
+        fn.argtypes, fn.restype = [I64], I64
     lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 5]
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_pool_team.argtypes, lib.kvcli_pool_team.restype = [I64], I64
@@ -217,6 +219,13 @@ def int_scores(lib: ctypes.CDLL, kv_layer: torch.Tensor, head_dim: int) -> bool:
     scores (the int8 cache where the CPU has AVX512-VNNI, native/kv_int8.h); the values' side
     stays float32."""
     return bool(_kernel(lib, "kvcli_attention_int_scores", kv_layer)(head_dim))
+
+
+def attention_amx(lib: ctypes.CDLL, kv_layer: torch.Tensor, want: int = -1) -> bool:
+    """Whether the many-row kernels over this cache run on AMX tiles (the int8 cache where the
+    CPU has AMX-INT8 and AMX-BF16 and Linux grants the tiles, native/prefill_amx.h). ``want`` 0
+    turns that off for the process, 1 back on where it can run (benchmarks and tests)."""
+    return bool(_kernel(lib, "kvcli_attention_amx", kv_layer)(want))
 
 
 def shared_decode_attention(

@@ -35,7 +35,7 @@ SOURCES = tuple(_HERE / n
 HEADERS = tuple(_HERE / n for n in ("pool.h", "f32_vec.h", "qblocks.h", "qint_kernel.h",
                                     "qint_layout.h", "kv_int8.h", "kv_rows.h", "decode_vec.h",
                                     "qgemm_factored.h", "qint_nibble_avx2.h", "qint_amx.h",
-                                    "prefill_scores.h", "prefill_panels.h", "decode_vnni.h",
+                                    "prefill_scores.h", "prefill_panels.h", "prefill_amx.h", "decode_vnni.h",
                                     "paged_attention.c", "vexp.h"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention

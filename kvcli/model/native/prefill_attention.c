@@ -145,6 +145,13 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, const float *pa,
 #define SP 256
 #define AI __attribute__((always_inline)) static inline
 
+typedef struct { /* one thread's buffers for an item's steps */
+    float *kt;     /* the [D][KB] key panel, then a [KB][D] V scratch */
+    float *sc;     /* a softmax step's scores, [QT x group][SP] */
+    int64_t *span; /* each row's visible offsets in the step */
+    void *amx;     /* prefill_amx.h's tile buffers (NULL: the vector kernels) */
+} bufs_t;
+
 /* Scores of the m rows against the step's keys [k0, k0 + n) of `slots` (KV head g), scaled,
  * into sc [m][SP]. */
 AI void score_step(const job_t *j, int64_t D, int64_t g, const int64_t *slots, int64_t k0,
@@ -229,15 +236,16 @@ AI void value_step(const job_t *j, int64_t D, int64_t g, const int64_t *slots, i
 
 /* ATTEND_KEYS(NAME, DIM): m query rows q[i] (at positions pos[i]) continue their online
  * softmax (max mx, sum l, output o [m][D]) over key positions [k_lo, k_hi) of the context
- * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). kt holds
- * the [D][KB] key panel and a [KB][D] V scratch; sc and span the step's scores and spans. DIM
- * is a compile-time head size where one is given. */
+ * `slots`, KV head g; row i sees keys at positions <= pos[i] (and > pos[i] - window). b->kt holds
+ * the [D][KB] key panel and a [KB][D] V scratch; b->sc and b->span the step's scores and spans.
+ * DIM is a compile-time head size where one is given. */
 #define ATTEND_KEYS(NAME, DIM)                                                                 \
     static void NAME(const job_t *j, int64_t g, const int64_t *slots, int64_t k_lo,            \
                      int64_t k_hi, int64_t m, const float *const *q, const qrows_t *qq,        \
-                     const int64_t *pos, float *mx, float *l, float *o, float *kt, float *sc,  \
-                     int64_t *span) {                                                          \
+                     const int64_t *pos, float *mx, float *l, float *o, const bufs_t *b) {     \
         const int64_t D = (DIM);                                                               \
+        float *kt = b->kt, *sc = b->sc;                                                        \
+        int64_t *span = b->span;                                                               \
         if (k_lo < k_hi)                                                                       \
             prefetch_panel(j, slots, k_lo, k_hi, g * KV_ROW(D), j->Hkv * KV_ROW(D),            \
                            KV_ROW(D) * (int64_t)sizeof(kv_t));                                 \
@@ -253,14 +261,15 @@ ATTEND_KEYS(keys_64, 64)
 ATTEND_KEYS(keys_128, 128)
 ATTEND_KEYS(keys_any, j->D)
 
+#include "prefill_amx.h" /* keys_amx: the int8 cache's steps on AMX tiles */
+
 typedef void (*keys_fn)(const job_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
                         const float *const *, const qrows_t *, const int64_t *, float *, float *,
-                        float *, float *, float *, int64_t *);
+                        float *, const bufs_t *);
 
 typedef struct { /* one thread's buffers, for QT x group rows */
-    float *kt, *mx, *l, *o;
-    float *sc;     /* a softmax step's scores, [QT x group][SP] */
-    int64_t *span; /* each row's visible offsets in the step */
+    float *mx, *l, *o;
+    bufs_t b; /* the panel, a softmax step's scores [QT x group][SP] and spans, AMX's buffers */
     const float **q;
     int64_t *pos, *dst; /* each row's position, and its offset in out */
     int8_t *qc; /* the rows rounded to int8 (KV_VNNI), with their scales and code sums */
@@ -326,7 +335,7 @@ static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch
     const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
     keys(j, g, j->slots + info[3], lo, pos0 + last, m, s->q, &qq, s->pos, s->mx, s->l, s->o,
-         s->kt, s->sc, s->span);
+         &s->b);
     finish_rows(j, m, s);
 }
 
@@ -345,12 +354,12 @@ static void shared_item(const job_t *j, const item_t *it, keys_fn keys, scratch_
     const qrows_t qq = quantized_rows(j, m, s);
     start_rows(j, m, s);
     keys(j, g, j->slots + j->seqs[4 * first + 3], 0, shared, m, s->q, &qq, s->pos, s->mx, s->l,
-         s->o, s->kt, s->sc, s->span);
+         s->o, &s->b);
     for (int64_t r = 0; r < m; r += group) {
         const int64_t *info = j->seqs + 4 * (first + r / group);
         const qrows_t own = rows_from(&qq, r, j->D);
         keys(j, g, j->slots + info[3], shared, info[2], group, s->q + r, &own, s->pos + r,
-             s->mx + r, s->l + r, s->o + r * j->D, s->kt, s->sc, s->span);
+             s->mx + r, s->l + r, s->o + r * j->D, &s->b);
     }
     finish_rows(j, m, s);
 }
@@ -360,16 +369,17 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     (void)n;
     job_t *j = (job_t *)args;
     const int64_t rows = QT * (j->H / j->Hkv);
-    scratch_t s = {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
-                   malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
+    scratch_t s = {malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
                    malloc(sizeof(float) * rows * j->D),
-                   aligned_alloc(64, sizeof(float) * rows * SP), malloc(sizeof(int64_t) * rows * 2),
+                   {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
+                    aligned_alloc(64, sizeof(float) * rows * SP),
+                    malloc(sizeof(int64_t) * rows * 2), amx_start(j->D, rows)},
                    malloc(sizeof(float *) * rows), malloc(sizeof(int64_t) * rows),
                    malloc(sizeof(int64_t) * rows),
-                   malloc((size_t)(rows * j->D)), malloc(sizeof(float) * rows),
-                   malloc(sizeof(int32_t) * rows)};
-    const keys_fn keys = j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
-    if (!s.kt || !s.mx || !s.l || !s.o || !s.sc || !s.span || !s.q || !s.pos || !s.dst ||
+                   aligned_alloc(64, (size_t)(rows * j->D + 63) / 64 * 64),
+                   malloc(sizeof(float) * rows), malloc(sizeof(int32_t) * rows)};
+    const keys_fn keys = s.b.amx ? keys_amx : j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
+    if (!s.b.kt || !s.mx || !s.l || !s.o || !s.b.sc || !s.b.span || !s.q || !s.pos || !s.dst ||
         !s.qc || !s.qs || !s.qsum) {
         atomic_store(&j->status, 1);
     } else {
@@ -378,12 +388,13 @@ static void run_part(const void *args, int64_t t, int64_t n) {
             (it->kind == PREFILL ? prefill_item : shared_item)(j, it, keys, &s);
         }
     }
-    free(s.kt);
+    amx_end(s.b.amx);
+    free(s.b.kt);
     free(s.mx);
     free(s.l);
     free(s.o);
-    free(s.sc);
-    free(s.span);
+    free(s.b.sc);
+    free(s.b.span);
     free(s.q);
     free(s.pos);
     free(s.dst);
