@@ -29,7 +29,7 @@ typedef struct { /* one thread's tile buffers (amx_start) */
     uint16_t *p;    /* [2][rows][SP] bfloat16: the step's p_t * s_t as hi, then lo */
     uint16_t *vp;   /* [D / 16][SP / 2][32] bfloat16: value codes, key pairs interleaved */
     float *vs, *vb; /* [SP]: the step's values' scales and biases */
-    float *corr;    /* [rows]: sum_t p_t b_t over the step */
+    float *corr;    /* [rows]: the bias term, sum_t p_t (b_t + 128 s_t) over the step */
     float *c;       /* [AR][D]: a row tile's product */
     int32_t *ci;    /* [AR][16]: a score tile */
     int64_t rows;   /* the thread's rows: QT x group */
@@ -50,12 +50,15 @@ int64_t KV_NAME(kvcli_attention_amx)(int64_t want) {
     return amx_state;
 }
 
-static void amx_end(void *buf) {
-    amx_t *a = buf;
-    if (!a) return;
-    _tile_release();
+static void amx_free(amx_t *a) {
     free(a->p), free(a->vp), free(a->vs), free(a->vb), free(a->corr), free(a->c), free(a->ci);
     free(a);
+}
+
+static void amx_end(void *buf) {
+    if (!buf) return;
+    _tile_release();
+    amx_free(buf);
 }
 
 /* The thread's buffers with its tiles configured (16 rows x 64 bytes each), or NULL: the vector
@@ -72,8 +75,7 @@ static void *amx_start(int64_t D, int64_t rows) {
     a->c = aligned_alloc(64, sizeof(float) * AR * D);
     a->ci = aligned_alloc(64, sizeof(int32_t) * AR * 16);
     if (!a->p || !a->vp || !a->vs || !a->vb || !a->corr || !a->c || !a->ci) {
-        free(a->p), free(a->vp), free(a->vs), free(a->vb), free(a->corr), free(a->c), free(a->ci);
-        free(a);
+        amx_free(a);
         return NULL;
     }
     struct {
@@ -171,7 +173,7 @@ AI void amx_split(__m512 lo16, __m512 hi16, uint16_t *hi, uint16_t *lo) {
 }
 
 /* Row i's probabilities times the values' scales as hi + lo bfloat16s (zero on panels it does
- * not read), and the bias term of its output, sum_t p_t b_t. */
+ * not read), and the bias term of its output (vb already holds b_t + 128 s_t). */
 AI void amx_pack_row(int64_t i, int64_t m, int64_t n, const int64_t *span, const float *sc,
                      amx_t *a) {
     uint16_t *hi = a->p + i * SP, *lo = hi + a->rows * SP;
