@@ -247,7 +247,7 @@ static void keys_amx(const job_t *j, int64_t g, const int64_t *slots, int64_t k_
                      float *mx, float *l, float *o, const bufs_t *b) {
     const int64_t D = j->D;
     if (m < AR) {
-        (D == 64 ? keys_64 : keys_any)(j, g, slots, k_lo, k_hi, m, q, qq, pos, mx, l, o, b);
+        vector_keys(D)(j, g, slots, k_lo, k_hi, m, q, qq, pos, mx, l, o, b);
         return;
     }
     if (k_lo < k_hi)
@@ -270,6 +270,6 @@ static inline void *amx_start(int64_t D, int64_t rows) {
     return NULL;
 }
 static inline void amx_end(void *buf) { (void)buf; }
-#define keys_amx keys_any /* never chosen: amx_start gave NULL */
+#define keys_amx keys_any /* never chosen: amx_start gives NULL */
 #endif
 #endif

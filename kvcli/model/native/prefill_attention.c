@@ -261,11 +261,14 @@ ATTEND_KEYS(keys_64, 64)
 ATTEND_KEYS(keys_128, 128)
 ATTEND_KEYS(keys_any, j->D)
 
-#include "prefill_amx.h" /* keys_amx: the int8 cache's steps on AMX tiles */
-
 typedef void (*keys_fn)(const job_t *, int64_t, const int64_t *, int64_t, int64_t, int64_t,
                         const float *const *, const qrows_t *, const int64_t *, float *, float *,
                         float *, const bufs_t *);
+
+/* The vector kernel for head size D. */
+static keys_fn vector_keys(int64_t D) { return D == 64 ? keys_64 : D == 128 ? keys_128 : keys_any; }
+
+#include "prefill_amx.h" /* keys_amx: the int8 cache's steps on AMX tiles */
 
 typedef struct { /* one thread's buffers, for QT x group rows */
     float *mx, *l, *o;
@@ -378,7 +381,7 @@ static void run_part(const void *args, int64_t t, int64_t n) {
                    malloc(sizeof(int64_t) * rows),
                    aligned_alloc(64, (size_t)(rows * j->D + 63) / 64 * 64),
                    malloc(sizeof(float) * rows), malloc(sizeof(int32_t) * rows)};
-    const keys_fn keys = s.b.amx ? keys_amx : j->D == 64 ? keys_64 : j->D == 128 ? keys_128 : keys_any;
+    const keys_fn keys = s.b.amx ? keys_amx : vector_keys(j->D);
     if (!s.b.kt || !s.mx || !s.l || !s.o || !s.b.sc || !s.b.span || !s.q || !s.pos || !s.dst ||
         !s.qc || !s.qs || !s.qsum) {
         atomic_store(&j->status, 1);
