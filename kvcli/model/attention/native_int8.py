@@ -37,20 +37,23 @@ INT8_STORAGE = torch.uint8
 INT8_ROW_EXTRA = 8
 
 
+def _probe() -> torch.Tensor:
+    """A one-row int8 layer of head size 64: which kernels' build the report asks."""
+    return torch.empty(2, 1, 1, 64 + INT8_ROW_EXTRA, dtype=INT8_STORAGE)
+
+
 class NativeInt8Backend(NativeCPUBackend):
     name: ClassVar[str] = "native-cpu-int8kv"
 
     @property  # type: ignore[override]
     def decode(self) -> str:  # what the report names: the kernels' scores where VNNI has them
-        probe = torch.empty(2, 1, 1, 64 + INT8_ROW_EXTRA, dtype=INT8_STORAGE)
-        if self.lib is not None and native.int_scores(self.lib, probe, 64):
+        if self.lib is not None and native.int_scores(self.lib, _probe(), 64):
             return "native paged, int8 KV, VNNI integer scores (head sizes % 64)"
         return "native paged, int8 KV"
 
     @property  # type: ignore[override]
     def prefill(self) -> str:  # the many-row kernel: on AMX tiles where it can run them
-        probe = torch.empty(2, 1, 1, 64 + INT8_ROW_EXTRA, dtype=INT8_STORAGE)
-        if self.lib is not None and native.attention_amx(self.lib, probe):
+        if self.lib is not None and native.attention_amx(self.lib, _probe()):
             return ("native paged, int8 KV, AMX tiles (int8 scores, bf16 values; "
                     "head sizes % 64)")
         return self.decode
