@@ -117,6 +117,8 @@ class KvcliSystem:
             weights = f"{quantization} weights, {activations(quantization)}"
             if getattr(chosen, "prefill", None):  # fast's prefill copy (quant/int_weights.py)
                 weights += f" ({chosen.prefill} prefill)"
+            if getattr(chosen, "few_rows", None):  # fast's batched decode copy (quant/w8a8.py)
+                weights += f" ({chosen.few_rows}-channel batched decode)"
             preset = "" if preset == "exact" and "int8" in weights else preset
         else:
             weights = f"{weights} weights"

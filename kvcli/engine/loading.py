@@ -103,7 +103,7 @@ def load_parts(config: EngineConfig) -> EngineParts:
         from kvcli.model.quant.load import load_quantized
 
         model = load_quantized(model_dir, config.quantization, dtype, config.device,
-                               config.allow_pickle, precision.prefill)
+                               config.allow_pickle, precision.prefill, precision.few_rows)
     else:
         model = load_model(model_dir, dtype=dtype, device=config.device,
                            allow_pickle=config.allow_pickle)

@@ -43,7 +43,7 @@ BLOCK_KERNEL, INT_KERNEL, FLOAT_KERNEL = 0, 1, 2
 
 class _Matrix(ctypes.Structure):
     _fields_ = [("int_kernel", _I64), ("type", _I64), ("variant", _I64), ("w", _P),
-                ("scale", _P), ("bias", _P)]
+                ("scale", _P), ("bias", _P), ("w8", _P), ("w8_scale", _P), ("w8_rows", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -120,8 +120,10 @@ class NativeStep:
 
     def _matrix(self, weight: Any, bias: torch.Tensor | None) -> _Matrix:
         if isinstance(weight, IntWeight):
+            few = weight.few  # fast's int8 copy, which the step's calls of w8a8_rows rows run
             return _Matrix(INT_KERNEL, weight.kind, weight.variant, weight.packed.data_ptr(), None,
-                           self._ptr(bias))
+                           self._ptr(bias), *((few.packed.data_ptr(), few.scales.data_ptr(),
+                                              self.routes.w8a8_rows) if few else (None, None, 0)))
         if isinstance(weight, QuantWeight) and weight.kind in NATIVE_TYPES:
             return _Matrix(BLOCK_KERNEL, weight.kind, 0, weight.data.data_ptr(), self._ptr(weight.scale),
                            self._ptr(bias))

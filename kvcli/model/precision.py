@@ -55,6 +55,9 @@ class Precision:
     # fast on integer-kernel weights: the dtype of the copy their many-row (prefill) matmuls
     # run from (bfloat16 on AMX-BF16: :func:`_fast_prefill`); None: every row count integer.
     prefill: str | None = None
+    # fast on integer-kernel weights: the copy their few-row (batched decode) matmuls run from
+    # ("int8" per channel on AMX-INT8: :func:`_fast_few_rows`); None: the weights' own kernels.
+    few_rows: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -67,6 +70,8 @@ class Precision:
         weights = (f"{self.quantization} weights, {activations(self.quantization)}"
                    if self.quantization else f"{self.weights} weights")
         prefill = f", {self.prefill} prefill matmuls" if self.prefill else ""
+        if self.few_rows:
+            prefill += f", {self.few_rows} per-channel copy for batched decode"
         kv = f", {self.kv_cache} KV cache" if self.kv_cache else ""
         return f"{self.preset}: {weights}{prefill}{kv} ({self.reason})"
 
@@ -176,6 +181,16 @@ def _fast_prefill(quantization: str) -> str | None:
     return "bfloat16" if wanted == "bfloat16" or (not wanted and "amx_bf16" in flags) else None
 
 
+def _fast_few_rows(quantization: str) -> str | None:
+    """fast's batched decode matmuls on integer-kernel weights: "int8" where the CPU has
+    AMX-INT8 (quant/w8a8.py: an int8 copy per output channel, activations per 64 values; one
+    SmolLM2-135M step at 32 rows 8.0 ms vs 19-20 on the Q4_1 blocks, Xeon with AMX,
+    docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_W8A8=0 keeps the weights' own kernels."""
+    if activations(quantization) != INT8_ACTIVATIONS:
+        return None
+    return "int8" if native.w8a8_available(native.load()) else None
+
+
 def _fast_kv() -> str | None:
     """fast's KV cache on the CPU: int8 where the native kernels read it in place (a
     quarter of float32's bytes a decode step streams; Zen 4, gguf-int weights, the bench's
@@ -188,14 +203,15 @@ def _fast_weights(quantization: str | None, may_quantize: bool) -> Precision:
     """fast's matmul weights on the CPU (fast_choice's)."""
     if quantization:
         return Precision("fast", "float32", "quantized weights are their own format",
-                         quantization, prefill=_fast_prefill(quantization))
+                         quantization, prefill=_fast_prefill(quantization),
+                         few_rows=_fast_few_rows(quantization))
     flags = cpu_flags()
     if may_quantize and native.qint_available(native.load()):  # AMX or not: measured faster
         return Precision("fast", "float32", "int8 weights on the integer kernels: half "
                          "bfloat16's bytes, integer multiply-adds (Zen 4 without AMX: faster "
                          "than bf16 on every workload; Xeon with AMX: 1.4-1.8x oneDNN's bf16 "
                          "on the batched workloads, 8x at batch 1)", "int8",
-                         prefill=_fast_prefill("int8"))
+                         prefill=_fast_prefill("int8"), few_rows=_fast_few_rows("int8"))
     if "amx_bf16" in flags:
         return Precision("fast", "bfloat16", "AMX-BF16: oneDNN bf16 matmuls with float32 sums, "
                          "about half float32's CPU time where rows are many")

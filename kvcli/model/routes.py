@@ -70,6 +70,9 @@ class KernelRoutes:
     # fast on AMX-BF16 (Precision.prefill): integer-kernel matmuls of at least this many rows
     # run their weights' bfloat16 copy through oneDNN (quant/int_weights.py); 0: never.
     bf16_prefill_rows: int = 0
+    # fast on AMX-INT8 (Precision.few_rows): integer-kernel matmuls of at least this many rows
+    # (and below bf16_prefill_rows) run their weights' int8 copy (quant/w8a8.py); 0: never.
+    w8a8_rows: int = 0
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -122,6 +125,11 @@ class KernelRoutes:
         """:meth:`bf16_copy_rows` for ``x``'s rows (of its last dimension)."""
         return self.bf16_copy_rows(x.numel() // max(1, x.shape[-1]))
 
+    def w8a8_copy_rows(self, rows: int) -> bool:
+        """Whether a matmul of ``rows`` rows runs fast's int8 copy (quant/w8a8.py) instead of
+        the integer kernels on the weights' own blocks; native/decode_step.c mirrors it."""
+        return 0 < self.w8a8_rows <= rows and not self.bf16_copy_rows(rows)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  narrow: bool = False) -> torch.Tensor:
         """transformers' RMSNorm of a float32 ``x`` (one fused kernel instead of six ops);
@@ -162,8 +170,12 @@ class KernelRoutes:
             matmul = (f"{name} weights pre-packed for {_NARROW_KERNELS[kernel]} "
                       "(model/packed.py; float32 sums and activations)")
         if self.int_matmul:
-            rows = (f"below {self.bf16_prefill_rows} rows; from {self.bf16_prefill_rows} a "
-                    "bfloat16 copy through oneDNN" if self.bf16_prefill_rows else "every row count")
+            copies = [(n, what) for n, what in (
+                (self.w8a8_rows, "an int8 copy per channel (activations per 64 values, AMX-INT8)"),
+                (self.bf16_prefill_rows, "a bfloat16 copy through oneDNN")) if n]
+            rows = (f"below {copies[0][0]} rows; " + "; ".join(f"from {n} {what}"
+                                                              for n, what in copies)
+                    if copies else "every row count")
             matmul = (f"quantized weights: int8 activations, {self.int_matmul} ({rows}); "
                       f"float weights: {matmul}")
         return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}

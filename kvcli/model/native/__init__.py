@@ -88,7 +88,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qint_quantize.argtypes = [F32P, F32P, F32P, F32P, I64, I64]
     lib.kvcli_qint_gemm.restype = lib.kvcli_qint_pack.restype = ctypes.c_int
     lib.kvcli_qint_packed_bytes.restype = lib.kvcli_qint_variants.restype = I64
-    lib.kvcli_qint_amx_ready.restype = I64
+    lib.kvcli_qint_amx_ready.restype = lib.kvcli_w8a8_available.restype = I64
     lib.kvcli_qint_quantize.restype = None
     return lib
 
@@ -108,6 +108,15 @@ def qint_available(lib: ctypes.CDLL | None) -> bool:
         return lib is not None and bool(qint_variant(lib))
     except ValueError:
         return False
+
+
+def w8a8_available(lib: ctypes.CDLL | None) -> bool:
+    """Whether fast's int8 copy for few-row matmuls runs here (w8a8.c on AMX-INT8 tiles that
+    Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off."""
+    cpu = set(_cpu_flags().split())
+    return (os.environ.get("KVCLI_W8A8", "1") != "0" and lib is not None
+            and {"amx_tile", "amx_int8", "avx512f", "avx512bw"} <= cpu
+            and bool(lib.kvcli_w8a8_available()))
 
 
 def qint_variant(lib: ctypes.CDLL) -> str:

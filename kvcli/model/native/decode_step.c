@@ -29,6 +29,8 @@ void kvcli_gemm(const float *x, const float *w, const float *bias, float *y, int
 int kvcli_qint_gemm(int64_t variant, int64_t type, const float *x, const uint8_t *w,
                     const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                     int64_t threads);
+int kvcli_w8a8_gemm(const float *x, const int8_t *w, const float *scales, const float *bias,
+                    float *y, int64_t M, int64_t N, int64_t K, int64_t threads);
 void kvcli_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
                     float eps, int64_t threads);
 void kvcli_silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t dim,
@@ -72,11 +74,17 @@ int kvcli_paged_decode_attention_int8(const float *, const uint8_t *, const uint
 
 /* One matrix: kvcli_qgemm's (int_kernel 0: [out, in] GGUF blocks or int8 rows with `scale`),
  * kvcli_qint_gemm's (1: its packed tiles, for `variant`) or, for a float32 [in, out] buffer (2),
- * kvcli_gemv's at one row and kvcli_gemm's at more. Mirrored by native_step.py. */
+ * kvcli_gemv's at one row and kvcli_gemm's at more. An integer one may also have fast's int8
+ * copy (w8a8.c's tiles and channel scales), which calls of at least w8_rows rows run (routes.py's
+ * w8a8_copy_rows; a batched step never has the bfloat16 copy's rows). Mirrored by
+ * native_step.py. */
 typedef struct {
     int64_t int_kernel, type, variant;
     const uint8_t *w;
     const float *scale, *bias;
+    const int8_t *w8;
+    const float *w8_scale;
+    int64_t w8_rows;
 } step_matrix;
 
 typedef struct {
@@ -126,6 +134,8 @@ static int matmul(const step_matrix *m, const float *x, float *y, int64_t M, int
         kvcli_gemm(x, (const float *)m->w, m->bias, y, M, N, K, threads);
         return 0;
     }
+    if (m->w8 && M >= m->w8_rows)
+        return kvcli_w8a8_gemm(x, m->w8, m->w8_scale, m->bias, y, M, N, K, threads);
     if (m->int_kernel)
         return kvcli_qint_gemm(m->variant, m->type, x, m->w, m->bias, y, M, N, K, threads);
     return kvcli_qgemm(m->type, x, m->w, m->scale, m->bias, y, M, N, K, threads);

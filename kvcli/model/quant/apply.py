@@ -22,6 +22,7 @@ from kvcli.model.packed import SwiGLU
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_weights
 from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, IntWeight, pack
+from kvcli.model.quant.w8a8 import W8A8_ROWS
 from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 
 
@@ -57,13 +58,14 @@ def _finish(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def quantize_int8_model(model: nn.Module, prefill: str | None = None) -> nn.Module:
+def quantize_int8_model(model: nn.Module, prefill: str | None = None,
+                        few_rows: str | None = None) -> nn.Module:
     """Every Linear (and the embedding, tied output layer included) to per-channel int8;
-    ``prefill``: see :func:`_pack_model`."""
+    ``prefill``, ``few_rows``: see :func:`_pack_model`."""
     integer = native.qint_available(model.routes.native)
     for module in list(model.modules()):
         if isinstance(module, Linear) and isinstance(module.weight, torch.Tensor):
-            if integer and prefill == "bfloat16" and _takes_copy(model, module):  # its values
+            if integer and (prefill or few_rows) and _takes_copy(model, module):  # its values
                 module.prefill_source = module.weight.detach().to(torch.bfloat16)
             _set_linear_weight(module, quantize_int8(module.weight))
     inner = getattr(model, "model", None)  # transformers' layout: model.model.embed_tokens
@@ -71,7 +73,7 @@ def quantize_int8_model(model: nn.Module, prefill: str | None = None) -> nn.Modu
     if isinstance(embed, Embedding):
         inner.embed_tokens = QuantEmbedding(quantize_int8(embed.weight))
     if integer:  # else float32 activations (qgemm.c, torch)
-        _pack_model(model, prefill)
+        _pack_model(model, prefill, few_rows)
     return _finish(model)
 
 
@@ -85,18 +87,22 @@ def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
     return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
 
 
-def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
+def _pack_model(model: nn.Module, prefill: str | None = None,
+                few_rows: str | None = None) -> None:
     """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
     the model's routes then name (chosen here, once, from the CPU's flags). ``prefill``
     "bfloat16" (fast on AMX-BF16, precision.py): each Linear's matrix also keeps a bfloat16
-    copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (:func:`_takes_copy`)."""
+    copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (:func:`_takes_copy`);
+    ``few_rows`` "int8" (fast on AMX-INT8): an int8 copy per channel that its matmuls of
+    ``W8A8_ROWS`` rows up to that run (quant/w8a8.py)."""
     lib = model.routes.native
     if lib is None:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
                          "KVCLI_NATIVE not 0, CPU float32)")
     try:
         routes = replace(model.routes, int_matmul=native.qint_variant(lib),
-                         bf16_prefill_rows=BF16_PREFILL_ROWS if prefill == "bfloat16" else 0)
+                         bf16_prefill_rows=BF16_PREFILL_ROWS if prefill == "bfloat16" else 0,
+                         w8a8_rows=W8A8_ROWS if few_rows == "int8" else 0)
     except ValueError as err:
         raise QuantError(f"--quantization gguf-int: {err}") from None
     model.routes = routes
@@ -104,14 +110,16 @@ def _pack_model(model: nn.Module, prefill: str | None = None) -> None:
     fused = _fuse_mlps(model) if routes.bf16_prefill_rows else set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        wide = (routes.bf16_prefill_rows > 0 and id(module) not in fused
-                and _takes_copy(model, module))
+        copies = _takes_copy(model, module)
+        wide = routes.bf16_prefill_rows > 0 and id(module) not in fused and copies
+        few = routes.w8a8_rows > 0 and (copies or _output_layer(model, module))
         if isinstance(weight, StackedWeight):
-            weight.parts = [pack(p, routes, wide=p.dequantize() if wide else None)
-                            for p in weight.parts]
+            weight.parts = [pack(p, routes, wide=p.dequantize() if wide else None,
+                                 few=p.dequantize() if few else None) for p in weight.parts]
         elif isinstance(weight, QuantWeight):
+            values = _float_values(module) if wide or few else None
             packed = pack(weight, routes, keep_source=isinstance(module, QuantEmbedding),
-                          wide=_float_values(module) if wide else None)
+                          wide=values if wide else None, few=values if few else None)
             if isinstance(module, QuantEmbedding):
                 module.weight = packed
             else:
@@ -149,10 +157,21 @@ def _takes_copy(model: nn.Module, module: nn.Module) -> bool:
     return isinstance(module, Linear) and module is not getattr(model, "lm_head", None)
 
 
-def _float_values(linear: nn.Module) -> torch.Tensor:
-    """A quantized Linear's float values for its prefill copy: the float checkpoint's, kept by
-    quantize_int8_model (then dropped), else its quantized values de-quantized (a GGUF's)."""
-    kept = linear.__dict__.pop("prefill_source", None)
+def _output_layer(model: nn.Module, module: nn.Module) -> bool:
+    """Whether ``module`` computes the logits: an untied lm_head, or the embedding tied to it.
+    Its few-row calls (a decode step's sampled rows) take fast's int8 copy: the integer kernels
+    on a Q8_0 table fold 1,536 blocks a row (4.4 ms of a 32-row step on a Xeon with AMX)."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return isinstance(module, QuantEmbedding)
+    return module is head
+
+
+def _float_values(linear: nn.Module, keep: bool = False) -> torch.Tensor:
+    """A quantized Linear's float values for its copies: the float checkpoint's, kept by
+    quantize_int8_model (then dropped unless ``keep``), else its quantized values de-quantized
+    (a GGUF's)."""
+    kept = (linear.__dict__.get if keep else linear.__dict__.pop)("prefill_source", None)
     return linear.weight.dequantize() if kept is None else kept
 
 
@@ -164,17 +183,18 @@ def _fuse_mlps(model: nn.Module) -> set[int]:
         if not (isinstance(mlp, GatedMLP) and mlp.act_and_mul.silu
                 and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None):
             continue
-        mlp.wide = SwiGLU.of(_float_values(mlp.gate_up_proj), _float_values(mlp.down_proj))
+        mlp.wide = SwiGLU.of(_float_values(mlp.gate_up_proj, keep=True),
+                             _float_values(mlp.down_proj, keep=True))
         fused |= {id(mlp.gate_up_proj), id(mlp.down_proj)}
     return fused
 
 
 @torch.no_grad()
 def load_gguf_model(model: nn.Module, path: Path, integer: bool = False,
-                    prefill: str | None = None) -> nn.Module:
+                    prefill: str | None = None, few_rows: str | None = None) -> nn.Module:
     """Fill an empty model (``loader.build_model``) from the GGUF at ``path``; ``integer``:
-    repacked for the integer-activation kernels (``--quantization gguf-int``), ``prefill``:
-    see :func:`_pack_model`."""
+    repacked for the integer-activation kernels (``--quantization gguf-int``), ``prefill``,
+    ``few_rows``: see :func:`_pack_model`."""
     params = dict(model.named_parameters())
     pending: dict[str, dict[int, QuantWeight]] = {}
     loaded: set[str] = set()
@@ -204,7 +224,7 @@ def load_gguf_model(model: nn.Module, path: Path, integer: bool = False,
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
     if integer:
-        _pack_model(model, prefill)
+        _pack_model(model, prefill, few_rows)
     model = _finish(model)
     weights.release_pages()
     return model

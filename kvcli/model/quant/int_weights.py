@@ -12,7 +12,9 @@ dropped (they are views of the memory-mapped file, so nothing is copied for them
 Under ``--precision fast`` on a CPU with AMX-BF16 each Linear's matrix also keeps a bfloat16
 copy of its own values (model/packed.py, oneDNN's layout), which its matmuls of
 ``BF16_PREFILL_ROWS`` rows or more run instead: AMX-BF16 tiles sum over the whole K with no
-per-block folding, where AMX-INT8's sums must be scaled and added per 32-value block.
+per-block folding, where AMX-INT8's sums must be scaled and added per 32-value block. Where
+the CPU has AMX-INT8 it also keeps an int8 copy per output channel (quant/w8a8.py), which its
+matmuls of ``w8a8_rows`` rows up to that (batched decode steps) run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from kvcli.model import native
 from kvcli.model.packed import PREFILL_ROWS_HINT, PackedWeight
 from kvcli.model.quant import QuantError
+from kvcli.model.quant.w8a8 import W8Weight
 from kvcli.model.quant.weights import (
     I8,
     Q4_0,
@@ -57,6 +60,7 @@ class IntWeight(_AsArray):
     source: QuantWeight | None = None  # kept for row look-ups (the embedding) only
     routes: KernelRoutes | None = field(default=None, repr=False)
     wide: PackedWeight | None = field(default=None, repr=False)  # fast's bf16 copy (AMX)
+    few: W8Weight | None = field(default=None, repr=False)  # fast's int8 copy (AMX-INT8)
 
     dtype = torch.float32
     device = torch.device("cpu")
@@ -64,7 +68,9 @@ class IntWeight(_AsArray):
     @property
     def nbytes(self) -> int:
         wide = 0 if self.wide is None else 2 * self.shape[0] * self.shape[1]
-        return self.packed.numel() + wide + (self.source.nbytes if self.source is not None else 0)
+        few = 0 if self.few is None else self.few.nbytes
+        source = 0 if self.source is None else self.source.nbytes
+        return self.packed.numel() + wide + few + source
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
                routes: KernelRoutes | None = None) -> torch.Tensor:
@@ -73,6 +79,8 @@ class IntWeight(_AsArray):
         lead, (out_features, in_features) = x.shape[:-1], self.shape
         if self.wide is not None and routes.runs_bf16_copy(x):
             return self.wide.linear(x, bias)
+        if self.few is not None and routes.w8a8_copy_rows(x.numel() // max(1, in_features)):
+            return self.few.linear(x, bias)
         lib = routes.native  # type: ignore[union-attr]
         x2 = x.reshape(-1, in_features).float().contiguous()
         y = x2.new_empty((x2.shape[0], out_features))
@@ -95,10 +103,10 @@ class IntWeight(_AsArray):
 
 
 def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
-         wide: torch.Tensor | None = None) -> IntWeight:
+         wide: torch.Tensor | None = None, few: torch.Tensor | None = None) -> IntWeight:
     """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant);
-    ``wide``: its float values (the float checkpoint's, or de-quantized), kept as a bfloat16
-    copy for ``routes``' many-row calls."""
+    ``wide`` / ``few``: its float values (the float checkpoint's, or de-quantized), kept as a
+    bfloat16 copy for ``routes``' many-row calls / an int8 one for its few-row calls."""
     if weight.kind not in INT_TYPES:
         runs = ", ".join(name for kind, name in INT_TYPES.items() if kind != I8)
         raise QuantError(f"--quantization gguf-int runs {runs} weights; this model has GGML "
@@ -119,5 +127,6 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
     copy = None
     if wide is not None and routes.bf16_prefill_rows:
         copy = PackedWeight.of(wide.to(torch.bfloat16), PREFILL_ROWS_HINT)
+    few_copy = W8Weight.of(few) if few is not None and routes.w8a8_rows else None
     return IntWeight(weight.kind, packed, weight.shape, variant,
-                     weight if keep_source else None, routes, copy)
+                     weight if keep_source else None, routes, copy, few_copy)
