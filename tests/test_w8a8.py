@@ -11,6 +11,7 @@ from test_native_step import _check_rows
 from test_precision import BF16_CPU, with_flags
 from test_qint_kernels import gguf_weight
 
+from kvcli.engine.kv_disk import weights_form
 from kvcli.engine.llm import LLM
 from kvcli.model import native
 from kvcli.model.precision import resolve_precision
@@ -113,6 +114,7 @@ def test_fast_engine_decodes_batches_from_the_copy(tiny_models, monkeypatch):
     assert layer.self_attn.qkv_proj.weight.few is not None
     assert layer.mlp.down_proj.weight.few is not None
     assert model.model.embed_tokens.weight.few is not None  # the tied output layer
+    assert weights_form(llm.engine.config, model).endswith(" with int8 batched decode")
     calls: list[int] = []
     run = W8Weight.linear
     monkeypatch.setattr(W8Weight, "linear",

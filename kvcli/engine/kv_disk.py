@@ -160,10 +160,12 @@ def weights_form(config: Any, model: Any) -> str | None:
     an engine built around a model passed in (the bench, tests) runs that model as it is,
     float unless the config names a quantized mode."""
     if config.quantization not in (None, "auto", "none"):
-        # fast's bfloat16 prefill (quant/int_weights.py) computes other K/V than the integers
+        # fast's bfloat16 prefill (quant/int_weights.py) and int8 batched decode (quant/w8a8.py)
+        # copies compute other K/V than the integers on the weights' own blocks
         routes = getattr(model, "routes", None)
         wide = " with bfloat16 prefill" if getattr(routes, "bf16_prefill_rows", 0) else ""
-        return f"{config.quantization}{wide}"
+        few = " with int8 batched decode" if getattr(routes, "w8a8_rows", 0) else ""
+        return f"{config.quantization}{wide}{few}"
     platform = getattr(model, "platform", None)
     weights = getattr(platform, "weights", torch.float32)
     computed = getattr(model, "compute_dtype", getattr(platform, "kv_dtype", weights))
