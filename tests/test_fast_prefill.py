@@ -181,3 +181,51 @@ def test_norms_read_by_a_copy_hand_over_bfloat16(tiny_models, monkeypatch):
     wide = mlp(layer.mlp_in(many))
     layer.mlp_in.feeds_bf16_copy = True
     assert torch.equal(mlp(layer.mlp_in(many)), wide)
+
+
+def test_residual_add_and_norm_in_one_pass_equal_apart():
+    """A bfloat16 product added into float32 rows and the sum's bf16 norm, in one pass, give
+    the widen-then-add and the norm's numbers bit for bit."""
+    routes = process_routes()
+    if routes.native is None:
+        pytest.skip("needs the native kernels")
+    torch.manual_seed(0)
+    x = torch.randn(83, 576) * 3
+    delta = torch.randn(83, 576).bfloat16()
+    weight = torch.randn(576)
+    total, normed = routes.add_rms_norm(x, delta, weight, 1e-5)
+    assert torch.equal(total, x + delta.float())
+    expect = native.rms_norm(routes.native, x + delta.float(), weight, 1e-5, narrow=True)
+    assert normed.dtype == torch.bfloat16 and torch.equal(normed.view(torch.int16),
+                                                          expect.view(torch.int16))
+
+
+@needs_both
+def test_fast_layers_keep_products_narrow_with_the_same_outputs(tiny_models, monkeypatch):
+    """fast's pre-norm layers leave the attention's and the MLP's bf16 products unwidened on
+    the copy's rows (DecoderLayer._narrow): outputs and logprobs equal the widening path's."""
+    from kvcli.model.decoder import DecoderLayer
+
+    monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    with_flags(monkeypatch, BF16_CPU)
+    llm = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8",
+              enable_prefix_caching=False)  # each run computes every prompt's rows again
+    prompts = [[(7 * i + j) % 200 + 3 for i in range(BF16_PREFILL_ROWS + 20 * j)] for j in range(3)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2)
+
+    def run():
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params)]
+
+    taken: list[int] = []
+    narrow = DecoderLayer._narrow
+    monkeypatch.setattr(DecoderLayer, "_narrow", lambda self, h, *a: taken.append(1) or narrow(
+        self, h, *a))
+    got = run()
+    assert taken  # the long prefills took the narrow path
+
+    def widened(self, hidden, x, cos_sin, kv_layer, meta):
+        hidden = hidden + self.self_attn(x, cos_sin, kv_layer, meta)
+        return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden))
+
+    monkeypatch.setattr(DecoderLayer, "_narrow", widened)
+    assert run() == got

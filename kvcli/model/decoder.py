@@ -91,7 +91,8 @@ class DecoderAttention(Routed):
         self.attn = attn  # the model's attention backend's implementation for this layer
 
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
-                meta: Any) -> torch.Tensor:
+                meta: Any, narrow: bool = False) -> torch.Tensor:
+        """``narrow``: the output projection's product may stay bfloat16 (Linear.narrow)."""
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q_size, kv_size, _ = self.split_sizes
@@ -112,8 +113,8 @@ class DecoderAttention(Routed):
             if not self.routes.rope_in_place(qkv, cos_sin, heads, self.head_dim):
                 qk = apply_rotary(qk, *cos_sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        out = self.attn.forward(q, k, v, kv_layer, meta)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        out = self.attn.forward(q, k, v, kv_layer, meta).reshape(tokens, -1)
+        return self.o_proj.narrow(out) if narrow else self.o_proj(out)
 
 
 class GatedMLP(Routed):
@@ -166,13 +167,29 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
                 meta: Any) -> torch.Tensor:
         if self.pre_norm_only:  # Llama and its relatives: the fewest ops
+            x = self.attn_in(hidden)
+            if x.dtype == torch.bfloat16:  # fast's bfloat16 prefill copy reads these rows
+                return self._narrow(hidden, x, cos_sin, kv_layer, meta)
             # Same order of additions as transformers, so float32 results agree to rounding.
-            hidden = hidden + self.self_attn(self.attn_in(hidden), cos_sin, kv_layer, meta)
+            hidden = hidden + self.self_attn(x, cos_sin, kv_layer, meta)
             return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden))
         hidden = self._branch(hidden, self.self_attn(self._norm(self.attn_in, hidden), cos_sin,
                                                      kv_layer, meta), self.attn_out)
         mlp = getattr(self, self.mlp_name)
         return self._branch(hidden, mlp(self._norm(self.mlp_in, hidden)), self.mlp_out)
+
+    def _narrow(self, hidden: torch.Tensor, x: torch.Tensor, cos_sin: CosSin,
+                kv_layer: torch.Tensor, meta: Any) -> torch.Tensor:
+        """The pre-norm layer where fast's bfloat16 copy runs its rows (quant/apply.py): the
+        attention's and the MLP's products stay as oneDNN leaves them, the first added into a
+        new float32 residual in the MLP norm's pass, the second into it in place (torch widens
+        as it adds): the numbers of the float32 path's widen-then-add, three passes fewer."""
+        delta = self.self_attn(x, cos_sin, kv_layer, meta, narrow=True)
+        hidden, x = self.mlp_in.add_and_norm(hidden, delta)
+        mlp = getattr(self, self.mlp_name)
+        wide = getattr(mlp, "wide", None)
+        out = wide(x, narrow=True) if wide is not None and x.dtype == torch.bfloat16 else mlp(x)
+        return hidden.add_(out)
 
     @staticmethod
     def _norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:

@@ -116,6 +116,14 @@ class Linear(Routed):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.routes.linear(x, self.weight, self.bias)
 
+    def narrow(self, x: torch.Tensor) -> torch.Tensor:
+        """The product left in bfloat16 where ``x``'s rows run fast's bfloat16 copy (no bias:
+        the caller adds it into float32 rows, RMSNorm.add_and_norm), else :meth:`forward`."""
+        wide = getattr(self.weight, "wide", None)
+        if wide is not None and self.bias is None and self.routes.runs_bf16_copy(x):
+            return wide.narrow_linear(x)
+        return self(x)
+
 
 class RMSNorm(Routed):
     """Normalises in float32 whatever the model dtype, exactly like transformers' LlamaRMSNorm."""
@@ -130,6 +138,16 @@ class RMSNorm(Routed):
     # Set where the norm's only reader is a matmul with fast's bfloat16 prefill copy
     # (quant/apply.py): rows that run the copy get the norm in bfloat16, rounded in its pass.
     feeds_bf16_copy = False
+
+    def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual + delta`` and its norm: one pass where ``delta`` is a bfloat16 product of
+        fast's copy and this norm's reader runs that copy too (the same numbers as apart)."""
+        if delta.dtype == torch.bfloat16 and self.feeds_bf16_copy and self.routes.runs_bf16_copy(
+                residual):
+            return self.routes.add_rms_norm(residual, delta, self.weight, self.eps)
+        hidden = residual + delta
+        return hidden, self(hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm

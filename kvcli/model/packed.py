@@ -90,11 +90,22 @@ class PackedWeight:
             y = self._onednn(x2, bias)
         return y.reshape(*lead, self.shape[0])
 
-    def _onednn(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def narrow_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` left in the weights' dtype where oneDNN computes it (its own rounding of
+        the float32 sums), for a caller that adds it into float32 rows itself; else float32."""
+        if self.kernel != "onednn":
+            return self.linear(x, None)
+        lead = x.shape[:-1]
+        return self._onednn_narrow(x.reshape(-1, self.shape[1])).reshape(*lead, self.shape[0])
+
+    def _onednn_narrow(self, x: torch.Tensor) -> torch.Tensor:
         # torch's conversions at oneDNN's ends: native ones (AVX512_BF16) were 4-33% slower
         # for one layer's matmuls on a Xeon with AMX, handing off between thread pools.
-        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [],
-                                               "").float()
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [],
+                                                  "")
+
+    def _onednn(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = self._onednn_narrow(x).float()
         return y if bias is None else y.add_(bias)
 
     def _native(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -141,13 +152,14 @@ class SwiGLU:
 
         return cls(packed(gate_up[:size]), packed(gate_up[size:]), packed(down), gate_up.shape[1])
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
+        """The MLP's output in float32, or as oneDNN leaves it (bfloat16) with ``narrow``."""
         lead = x.shape[:-1]
-        narrow = x.reshape(-1, self.hidden).to(torch.bfloat16)
-        gate = torch.ops.mkldnn._linear_pointwise(narrow, self.gate, None, "swish", [], "")
-        both = torch.ops.mkldnn._linear_pointwise.binary(narrow, gate, self.up, None, "mul")
+        rows = x.reshape(-1, self.hidden).to(torch.bfloat16)
+        gate = torch.ops.mkldnn._linear_pointwise(rows, self.gate, None, "swish", [], "")
+        both = torch.ops.mkldnn._linear_pointwise.binary(rows, gate, self.up, None, "mul")
         y = torch.ops.mkldnn._linear_pointwise(both, self.down, None, "none", [], "")
-        return y.float().reshape(*lead, self.hidden)
+        return (y if narrow else y.float()).reshape(*lead, self.hidden)
 
 
 def can_pack(dtype: torch.dtype) -> bool:

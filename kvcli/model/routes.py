@@ -139,6 +139,16 @@ class KernelRoutes:
         y = F.rms_norm(x, (x.shape[-1],), weight, eps)
         return y.to(torch.bfloat16) if narrow else y
 
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x + delta`` (float32 plus a bfloat16 product) and its norm in bfloat16, one pass
+        where the kernels take them; the same numbers either way."""
+        if (self.native is not None and _takes(x) and delta.dtype == torch.bfloat16
+                and delta.is_contiguous() and delta.shape == x.shape):
+            return native.add_rms_norm(self.native, x, delta, weight, eps)
+        total = x + delta
+        return total, self.rms_norm(total, weight, eps, narrow=True)
+
     def act_and_mul(self, gate_up: torch.Tensor, act: Activation, silu: bool) -> torch.Tensor:
         """act(gate) * up over a fused ``[..., 2 * intermediate]`` projection."""
         if silu and self.native is not None and _takes(gate_up):  # one pass, no temporaries

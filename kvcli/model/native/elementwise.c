@@ -42,6 +42,7 @@ typedef struct {
     uint16_t *narrow;
     int64_t dim;
     float eps;
+    const uint16_t *delta; /* kvcli_add_rms_norm_bf16: bfloat16 rows added into x first (to out) */
 } rms_args;
 
 /* One row's norm, float32. Out of line so that the float32 path and the bfloat16 one run the
@@ -72,6 +73,17 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
     const int64_t n = p->dim;
     float row[p->narrow ? n : 1]; /* a hidden size: a few KB of the thread's stack */
     for (int64_t r = begin; r < end; r++) {
+        if (p->delta) { /* out = x + delta (as torch adds a widened bf16 tensor), normed from out */
+            for (int64_t i = 0; i < n; i++) {
+                const uint32_t bits = (uint32_t)p->delta[r * n + i] << 16;
+                float d;
+                memcpy(&d, &bits, sizeof d);
+                p->out[r * n + i] = p->x[r * n + i] + d;
+            }
+            rms_row(p->out + r * n, p->weight, p->eps, n, row);
+            bf16_rounded(row, p->narrow + r * n, n);
+            continue;
+        }
         if (!p->narrow) {
             rms_row(p->x + r * n, p->weight, p->eps, n, p->out + r * n);
             continue;
@@ -83,14 +95,24 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
 
 void kvcli_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
                     float eps, int64_t threads) {
-    const rms_args a = {x, weight, out, NULL, dim, eps};
+    const rms_args a = {x, weight, out, NULL, dim, eps, NULL};
     parallel_rows(rms_rows, &a, rows, dim, threads);
 }
 
 void kvcli_rms_norm_bf16(const float *x, const float *weight, uint16_t *out, int64_t rows,
                          int64_t dim, float eps, int64_t threads) {
-    const rms_args a = {x, weight, NULL, out, dim, eps};
+    const rms_args a = {x, weight, NULL, out, dim, eps, NULL};
     parallel_rows(rms_rows, &a, rows, dim, threads);
+}
+
+/* sum = x + delta (delta bfloat16 rows: a matmul's product as fast's bf16 copy leaves it) and
+ * out = that sum's norm rounded to bfloat16, in one pass: a pre-norm layer's residual add and
+ * the next norm, where the norm's reader runs the bf16 copy. Equal to the separate steps. */
+void kvcli_add_rms_norm_bf16(const float *x, const uint16_t *delta, float *sum,
+                             const float *weight, uint16_t *out, int64_t rows, int64_t dim,
+                             float eps, int64_t threads) {
+    const rms_args a = {x, weight, sum, out, dim, eps, delta};
+    parallel_rows(rms_rows, &a, rows, 2 * dim, threads);
 }
 
 /* out[r] = silu(gate_up[r, :d]) * gate_up[r, d:], silu(g) = g / (1 + exp(-g)). */
