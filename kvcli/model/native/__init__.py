@@ -115,9 +115,11 @@ def qint_available(lib: ctypes.CDLL | None) -> bool:
 
 def w8a8_available(lib: ctypes.CDLL | None) -> bool:
     """Whether fast's int8 copy for few-row matmuls runs here (w8a8.c on AMX-INT8 tiles that
-    Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off."""
+    Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off, and KVCLI_NATIVE_ISA=avx2 (an
+    AVX2-only CPU, as qint_variant reads it) has none."""
     cpu = set(_cpu_flags().split())
     return (os.environ.get("KVCLI_W8A8", "1") != "0" and lib is not None
+            and os.environ.get("KVCLI_NATIVE_ISA") != "avx2"
             and {"amx_tile", "amx_int8", "avx512f", "avx512bw"} <= cpu
             and bool(lib.kvcli_w8a8_available()))
 
