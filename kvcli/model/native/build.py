@@ -36,7 +36,7 @@ HEADERS = tuple(_HERE / n for n in ("pool.h", "f32_vec.h", "qblocks.h", "qint_ke
                                     "qint_layout.h", "kv_int8.h", "kv_rows.h", "decode_vec.h",
                                     "qgemm_factored.h", "qint_nibble_avx2.h", "qint_amx.h",
                                     "prefill_scores.h", "prefill_panels.h", "prefill_amx.h", "decode_vnni.h",
-                                    "paged_attention.c", "vexp.h"))
+                                    "paged_attention.c", "vexp.h", "amx_tiles.h"))
 # -ffast-math lets the compiler vectorise the dot products and sums (float32 results then differ
 # from torch's in the last bits, as OpenBLAS's do) and call glibc's vector expf (decode attention
 # 1.10 -> 1.01 ms per layer for 32 sequences). It is given to the compile step only: linking with it would add

@@ -23,6 +23,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
+
 #define AR 16 /* rows of a tile */
 
 typedef struct { /* one thread's tile buffers (amx_start) */
@@ -78,15 +80,7 @@ static void *amx_start(int64_t D, int64_t rows) {
         amx_free(a);
         return NULL;
     }
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = AR, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    amx_tiles_16x64(); /* AR rows of 64 bytes each */
     return a;
 }
 

@@ -77,6 +77,7 @@ int64_t kvcli_w8a8_available(void) {
 #include <immintrin.h>
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")
+#include "amx_tiles.h"
 
 typedef struct {
     const float *x, *scales, *bias;
@@ -171,15 +172,7 @@ static inline __attribute__((always_inline)) void tile_rows(const w8_args *a, in
 static void gemm_part(const void *args, int64_t t, int64_t n) {
     const w8_args *a = args;
     const int64_t G = groups(a->N), g0 = G * t / n, g1 = G * (t + 1) / n;
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int k = 0; k < 8; k++) cfg.rows[k] = TILE, cfg.colsb[k] = 64;
-    _tile_loadconfig(&cfg);
+    amx_tiles_16x64();
     int32_t c[4][256] __attribute__((aligned(64)));
     const int64_t bytes = steps(a->K) * GROUP * STEP;
     for (int64_t g = g0; g < g1; g++)
