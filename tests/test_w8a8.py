@@ -15,6 +15,7 @@ from kvcli.engine.kv_disk import weights_form
 from kvcli.engine.llm import LLM
 from kvcli.model import native
 from kvcli.model.precision import resolve_precision
+from kvcli.model.quant import apply
 from kvcli.model.quant.int_weights import pack
 from kvcli.model.quant.w8a8 import W8A8_ROWS, W8Weight
 from kvcli.model.quant.weights import Q4_1
@@ -119,17 +120,19 @@ def test_fast_engine_decodes_batches_from_the_copy(tiny_models, monkeypatch):
     run = W8Weight.linear
     monkeypatch.setattr(W8Weight, "linear",
                         lambda self, x, bias: calls.append(x.shape[0]) or run(self, x, bias))
-    prompts = [[(7 * i + j) % 200 + 3 for i in range(9 + j)] for j in range(3)]
+    prompts = [[(7 * i + j) % 200 + 3 for i in range(9 + j)] for j in range(W8A8_ROWS + 1)]
     out = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 5 for o in out)
-    assert 3 in calls  # a decode step's logits for the three sequences
+    assert W8A8_ROWS + 1 in calls  # a decode step's logits for every sequence
+    assert all(rows >= W8A8_ROWS for rows in calls)  # fewer rows keep the weights' own blocks
 
 
 @needs_amx
 @pytest.mark.parametrize("kv", ["auto", "int8"])
 def test_batched_steps_on_the_copy_equal_the_torch_path(tiny_models, monkeypatch, kv):
     monkeypatch.delenv("KVCLI_W8A8", raising=False)
+    monkeypatch.setattr(apply, "W8A8_ROWS", 2)  # the three sequences' steps take the copy
     llm = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8",
               kv_cache_dtype=kv, block_size=4, enable_prefix_caching=False)
-    assert llm.engine.model.routes.w8a8_rows == W8A8_ROWS
+    assert llm.engine.model.routes.w8a8_rows == 2
     _check_rows(llm)

@@ -18,10 +18,13 @@ import torch
 
 from kvcli.model import native
 
-# Fewest rows that run the copy. Measured on a Xeon with AMX (2 threads, SmolLM2-135M's 120
-# matmuls of a step, weights cold; ms): 1 row 6.5 vs 1.9 on the GGUF's Q4_1 blocks; 16 rows
-# 6.2 vs 12.6; 32 rows 8.0 vs 19-20 (docs/BENCHMARKS.md, 2026-12-07).
-W8A8_ROWS = 2
+# Fewest rows that run the copy: where its twice the bytes stop costing more than the blocks'
+# folding saves. Measured on a Xeon with AMX (2 threads, SmolLM2-135M's 120 matmuls of a step
+# from Python after a 256 MB flush; ms, copy vs the GGUF's Q4_1 blocks): 2 rows 11.9-12.1 vs
+# 8.2-8.6; 4 rows 11.7-12.2 vs 9.3-9.8; 8 rows 12.2-12.8 vs 10.9-13.2; 12 rows 12.1 vs
+# 12.1-12.7; 16 rows 12.7-13.1 vs 14.9-15.1; 32 rows 13.9-14.2 vs 18.7-19.9
+# (docs/BENCHMARKS.md, 2026-12-07).
+W8A8_ROWS = 12
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
