@@ -91,7 +91,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qint_quantize.argtypes = [F32P, F32P, F32P, F32P, I64, I64]
     lib.kvcli_qint_gemm.restype = lib.kvcli_qint_pack.restype = ctypes.c_int
     lib.kvcli_qint_packed_bytes.restype = lib.kvcli_qint_variants.restype = I64
-    lib.kvcli_qint_amx_ready.restype = lib.kvcli_w8a8_available.restype = I64
+    lib.kvcli_qint_amx_ready.restype = I64
     lib.kvcli_qint_quantize.restype = None
     return lib
 
@@ -114,14 +114,15 @@ def qint_available(lib: ctypes.CDLL | None) -> bool:
 
 
 def w8a8_available(lib: ctypes.CDLL | None) -> bool:
-    """Whether fast's int8 copy for few-row matmuls runs here (w8a8.c on AMX-INT8 tiles that
-    Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off, and KVCLI_NATIVE_ISA=avx2 (an
-    AVX2-only CPU, as qint_variant reads it) has none."""
+    """Whether fast's int8 copy for few-row matmuls runs here (w8a8.c on AMX-INT8 tiles, built
+    with qint.c's AMX variant, which Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off,
+    and KVCLI_NATIVE_ISA=avx2 (an AVX2-only CPU, as qint_variant reads it) has none."""
     cpu = set(_cpu_flags().split())
     return (os.environ.get("KVCLI_W8A8", "1") != "0" and lib is not None
             and os.environ.get("KVCLI_NATIVE_ISA") != "avx2"
             and {"amx_tile", "amx_int8", "avx512f", "avx512bw"} <= cpu
-            and bool(lib.kvcli_w8a8_available()))
+            and lib.kvcli_qint_variants() > QINT_VARIANTS["amx-int8"][0]
+            and bool(lib.kvcli_qint_amx_ready()))
 
 
 def qint_variant(lib: ctypes.CDLL) -> str:

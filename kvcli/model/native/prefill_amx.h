@@ -20,9 +20,6 @@
 
 #if defined(KV_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && \
     defined(__AVX512BF16__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include "amx_tiles.h"
 
 #define AR 16 /* rows of a tile */
@@ -40,15 +37,13 @@ typedef struct { /* one thread's tile buffers (amx_start) */
 /* -1: not yet asked; 0: off (not granted, or kvcli_attention_amx(0)); 1: on. */
 static int amx_state = -1;
 
-/* Linux hands out the tiles' state only on request (else the first tile instruction faults). */
-static int amx_granted(void) {
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-}
+/* qint.c's request for the tiles' state (Linux hands it out only on request), the one place. */
+int64_t kvcli_qint_amx_ready(void);
 
 /* want 1: on where the kernel may use tiles; 0: off (the vector kernel); -1: ask. Returns
  * whether the int8 cache's many-row kernel runs on AMX tiles now. */
 int64_t KV_NAME(kvcli_attention_amx)(int64_t want) {
-    if (want >= 0 || amx_state < 0) amx_state = want != 0 && amx_granted();
+    if (want >= 0 || amx_state < 0) amx_state = want != 0 && kvcli_qint_amx_ready();
     return amx_state;
 }
 

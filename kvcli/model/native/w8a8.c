@@ -8,7 +8,8 @@
  * into ~5 float instructions per 16 sums (qint_amx.h). Here a channel has one scale, so a tile's
  * sums over 64 values are folded with one convert and one multiply-add per 16 (the activations'
  * scale of that 64-value group), a quarter of the float work per product; at 32 rows a SmolLM2-
- * 135M step's 120 matmuls ran 8.0 ms against 19-20 ms (Xeon with AMX, 2 threads, weights cold).
+ * 135M step's 120 matmuls ran 13.9-14.2 ms against 18.7-19.9 ms (Xeon with AMX, 2 threads,
+ * weights cold; quant/w8a8.py has the row counts where the blocks' fewer bytes win).
  * The price is a second rounding of the weights (the GGUF's values to 8 bits per channel) and
  * coarser activation groups: measured in docs/BENCHMARKS.md.
  *
@@ -22,10 +23,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #include "pool.h"
 
@@ -62,16 +59,8 @@ void kvcli_w8a8_pack(const float *w, int8_t *packed, float *scales, int64_t N, i
     free(codes);
 }
 
-/* 1 where this build has the kernel and Linux grants this process the tiles. */
-int64_t kvcli_w8a8_available(void) {
-#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && \
-    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-#else
-    return 0;
-#endif
-}
-
+/* Built where qint.c builds its AMX variant (the same compilers): native.w8a8_available asks
+ * kvcli_qint_variants and kvcli_qint_amx_ready, qint.c's request for the tiles. */
 #if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #include <immintrin.h>
@@ -183,7 +172,7 @@ static void gemm_part(const void *args, int64_t t, int64_t n) {
 #pragma GCC pop_options
 
 /* Returns 0; -1 where this build has no kernel; -2 out of memory. The caller must have checked
- * kvcli_w8a8_available (the CPU has AMX-INT8 and the tiles are granted). */
+ * native.w8a8_available (the CPU has AMX-INT8 and the tiles are granted). */
 int kvcli_w8a8_gemm(const float *x, const int8_t *w, const float *scales, const float *bias,
                     float *y, int64_t M, int64_t N, int64_t K, int64_t threads) {
     const int64_t Mp = (M + TILE - 1) / TILE * TILE, S = steps(K);

@@ -77,9 +77,10 @@ class IntWeight(_AsArray):
         """``x @ W^T (+ bias)`` for float32 ``x`` of shape ``[..., in]``, every row count."""
         routes = routes or self.routes
         lead, (out_features, in_features) = x.shape[:-1], self.shape
-        if self.wide is not None and routes.runs_bf16_copy(x):
+        rows = x.numel() // max(1, in_features)
+        if self.wide is not None and routes.bf16_copy_rows(rows):
             return self.wide.linear(x, bias)
-        if self.few is not None and routes.w8a8_copy_rows(x.numel() // max(1, in_features)):
+        if self.few is not None and routes.w8a8_copy_rows(rows):
             return self.few.linear(x, bias)
         lib = routes.native  # type: ignore[union-attr]
         x2 = x.reshape(-1, in_features).float().contiguous()

@@ -4,7 +4,7 @@ per output channel, activations rounded to int8 per 64 values, products on AMX-I
 Under ``--precision fast`` on a CPU with AMX a batched decode step's matmuls (``W8A8_ROWS`` rows
 up to the bfloat16 copy's ``BF16_PREFILL_ROWS``) run this copy instead of the GGUF's own blocks:
 one scale per channel leaves a quarter of the integer kernel's float work per product
-(native/w8a8.c). One-row steps keep the GGUF blocks (memory-bound: half the bytes), many-row
+(native/w8a8.c). Fewer rows keep the GGUF blocks (half the bytes, which decide there), many-row
 calls the bfloat16 copy (oneDNN). ``KVCLI_W8A8=0`` leaves the copy out (benchmarks, tests).
 """
 
