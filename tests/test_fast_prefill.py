@@ -225,7 +225,7 @@ def test_fast_layers_keep_products_narrow_with_the_same_outputs(tiny_models, mon
 
     def widened(self, hidden, x, cos_sin, kv_layer, meta):
         hidden = hidden + self.self_attn(x, cos_sin, kv_layer, meta)
-        return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden))
+        return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden)), None
 
     monkeypatch.setattr(DecoderLayer, "_narrow", widened)
     assert run() == got

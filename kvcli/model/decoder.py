@@ -166,30 +166,45 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, kv_layer: torch.Tensor,
                 meta: Any) -> torch.Tensor:
+        hidden, pending = self.carry(hidden, None, cos_sin, kv_layer, meta)
+        return hidden if pending is None else hidden.add_(pending)
+
+    def carry(self, hidden: torch.Tensor, pending: torch.Tensor | None, cos_sin: CosSin,
+              kv_layer: torch.Tensor, meta: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer on the residual ``hidden`` plus ``pending``, a product the layer before
+        left unadded (:meth:`_narrow`): this layer's first norm adds it in its own pass
+        (RMSNorm.add_and_norm), the numbers of adding it first. Returns the new residual and
+        the product left for the next layer, or None."""
         if self.pre_norm_only:  # Llama and its relatives: the fewest ops
-            x = self.attn_in(hidden)
+            if pending is None:
+                x = self.attn_in(hidden)
+            else:
+                hidden, x = self.attn_in.add_and_norm(hidden, pending)
             if x.dtype == torch.bfloat16:  # fast's bfloat16 prefill copy reads these rows
                 return self._narrow(hidden, x, cos_sin, kv_layer, meta)
             # Same order of additions as transformers, so float32 results agree to rounding.
             hidden = hidden + self.self_attn(x, cos_sin, kv_layer, meta)
-            return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden))
+            return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden)), None
+        if pending is not None:  # only pre-norm layers leave one; added as forward would
+            hidden = hidden + pending
         hidden = self._branch(hidden, self.self_attn(self._norm(self.attn_in, hidden), cos_sin,
                                                      kv_layer, meta), self.attn_out)
         mlp = getattr(self, self.mlp_name)
-        return self._branch(hidden, mlp(self._norm(self.mlp_in, hidden)), self.mlp_out)
+        return self._branch(hidden, mlp(self._norm(self.mlp_in, hidden)), self.mlp_out), None
 
     def _narrow(self, hidden: torch.Tensor, x: torch.Tensor, cos_sin: CosSin,
-                kv_layer: torch.Tensor, meta: Any) -> torch.Tensor:
+                kv_layer: torch.Tensor, meta: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The pre-norm layer where fast's bfloat16 copy runs its rows (quant/apply.py): the
         attention's and the MLP's products stay as oneDNN leaves them, the first added into a
-        new float32 residual in the MLP norm's pass, the second into it in place (torch widens
-        as it adds): the numbers of the float32 path's widen-then-add, three passes fewer."""
+        new float32 residual in the MLP norm's pass, the second left to the next layer's first
+        norm (:meth:`carry`; torch widens as it adds where no norm follows): the numbers of the
+        float32 path's widen-then-add, four passes fewer."""
         delta = self.self_attn(x, cos_sin, kv_layer, meta, narrow=True)
         hidden, x = self.mlp_in.add_and_norm(hidden, delta)
         mlp = getattr(self, self.mlp_name)
         wide = getattr(mlp, "wide", None)
         out = wide(x, narrow=True) if wide is not None and x.dtype == torch.bfloat16 else mlp(x)
-        return hidden.add_(out)
+        return hidden, out
 
     @staticmethod
     def _norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:

@@ -212,9 +212,11 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_multiplier is not None:  # Granite's multiplier, Gemma's sqrt(hidden)
             hidden = hidden * self.embed_multiplier
         cos_sins = self.model.cos_sins(positions)
+        pending = None  # a layer's product left for the next one's norm (DecoderLayer.carry)
         for index, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos_sins[layer.self_attn.rope_slot], kv_cache[index], meta)
-        return self.model.norm(hidden)
+            hidden, pending = layer.carry(hidden, pending, cos_sins[layer.self_attn.rope_slot],
+                                          kv_cache[index], meta)
+        return self.model.norm(hidden if pending is None else hidden.add_(pending))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
