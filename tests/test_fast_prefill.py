@@ -118,8 +118,10 @@ def test_swiglu_is_the_mlp_in_bfloat16():
 
 @needs_both
 @pytest.mark.parametrize("family", ["llama", "mistral"])  # tied, untied output layer
-def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch, family):
+@pytest.mark.parametrize("w8a8", ["1", "0"])  # with and without fast's int8 decode copy
+def test_fast_mlps_run_fused_from_the_copy(tiny_models, monkeypatch, family, w8a8):
     monkeypatch.delenv("KVCLI_FAST_PREFILL", raising=False)
+    monkeypatch.setenv("KVCLI_W8A8", w8a8)
     with_flags(monkeypatch, BF16_CPU)
     model = LLM(str(tiny_models[family]), precision="fast", quantization="int8").engine.model
     mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]

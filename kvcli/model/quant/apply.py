@@ -108,7 +108,7 @@ def _pack_model(model: nn.Module, prefill: str | None = None,
         raise QuantError(f"--quantization gguf-int: {err}") from None
     model.routes = routes
     install_routes(model, routes)
-    fused = _fuse_mlps(model) if routes.bf16_prefill_rows else set()
+    fused = _fuse_mlps(model, keep=routes.w8a8_rows > 0) if routes.bf16_prefill_rows else set()
     for module in model.modules():
         weight = getattr(module, "weight", None)
         copies = _takes_copy(model, module)
@@ -181,16 +181,17 @@ def _float_values(linear: nn.Module, keep: bool = False) -> torch.Tensor:
     return linear.weight.dequantize() if kept is None else kept
 
 
-def _fuse_mlps(model: nn.Module) -> set[int]:
+def _fuse_mlps(model: nn.Module, keep: bool) -> set[int]:
     """fast's bfloat16 prefill: each SwiGLU MLP (no biases) gets one packed.SwiGLU for its many
-    rows, and its two Linears no copy of their own; returns those Linears' ids."""
+    rows, and its two Linears no copy of their own; returns those Linears' ids. ``keep``: their
+    kept float values stay for the int8 copy that _pack_model makes next (else dropped here)."""
     fused: set[int] = set()
     for mlp in model.modules():
         if not (isinstance(mlp, GatedMLP) and mlp.act_and_mul.silu
                 and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None):
             continue
-        mlp.wide = SwiGLU.of(_float_values(mlp.gate_up_proj, keep=True),
-                             _float_values(mlp.down_proj, keep=True))
+        mlp.wide = SwiGLU.of(_float_values(mlp.gate_up_proj, keep),
+                             _float_values(mlp.down_proj, keep))
         fused |= {id(mlp.gate_up_proj), id(mlp.down_proj)}
     return fused
 
