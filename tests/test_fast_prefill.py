@@ -90,11 +90,10 @@ def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models
     assert "bfloat16 prefill matmuls" in llm.engine.runner.backend.describe()["precision"]
     few = " with int8 batched decode" if native.w8a8_available(native.load()) else ""
     assert weights_form(llm.engine.config, llm.engine.model) == f"int8 with bfloat16 prefill{few}"
-    calls: list[int] = []
-    run = PackedWeight.linear
-    monkeypatch.setattr(PackedWeight, "linear",
-                        lambda self, x, bias, routes=None: calls.append(x.numel()) or run(
-                            self, x, bias))
+    calls: list[int] = []  # the copy's matmuls (the q/k/v and output projections leave their
+    run = PackedWeight._onednn_narrow  # products narrow, decoder.py; the MLP is a SwiGLU)
+    monkeypatch.setattr(PackedWeight, "_onednn_narrow",
+                        lambda self, x: calls.append(x.numel()) or run(self, x))
     prompt = [(7 * i) % 200 + 3 for i in range(BF16_PREFILL_ROWS + 9)]
     out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4 and calls  # the long prefill took the copy

@@ -152,6 +152,14 @@ def test_elementwise_kernels_equal_torch(rows, threads, monkeypatch, native_lib)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert torch.equal(qkv[:, (heads + kv) * dim :], v_before)
 
+    # fast's bfloat16 q/k/v product: widened and rotated in one pass, the numbers of widening
+    # and then rotating, the v heads only widened
+    narrow = torch.randn(rows, (heads + 2 * kv) * dim).bfloat16()
+    wide = narrow.float()
+    native.rope_(native_lib, wide, cos.contiguous(), sin.contiguous(), heads + kv, dim)
+    got = native.rope_widen(native_lib, narrow, cos.contiguous(), sin.contiguous(), heads + kv, dim)
+    assert got.dtype == torch.float32 and torch.equal(got, wide)
+
 
 def test_kernel_threads_follow_torch(monkeypatch):
     monkeypatch.delenv("KVCLI_NATIVE_THREADS", raising=False)

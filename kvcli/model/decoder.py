@@ -94,7 +94,7 @@ class DecoderAttention(Routed):
                 meta: Any, narrow: bool = False) -> torch.Tensor:
         """``narrow``: the output projection's product may stay bfloat16 (Linear.narrow)."""
         tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        qkv, rotated = self._project(hidden, cos_sin, narrow)
         q_size, kv_size, _ = self.split_sizes
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         if not self.in_place_rope:
@@ -110,11 +110,26 @@ class DecoderAttention(Routed):
             heads = self.num_heads + self.num_kv_heads
             qk = qkv[:, : q_size + kv_size].view(tokens, heads, self.head_dim)
             # In place in the projection's output (qk is a view of it), where the kernel runs.
-            if not self.routes.rope_in_place(qkv, cos_sin, heads, self.head_dim):
+            if not rotated and not self.routes.rope_in_place(qkv, cos_sin, heads, self.head_dim):
                 qk = apply_rotary(qk, *cos_sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         out = self.attn.forward(q, k, v, kv_layer, meta).reshape(tokens, -1)
         return self.o_proj.narrow(out) if narrow else self.o_proj(out)
+
+    def _project(self, hidden: torch.Tensor, cos_sin: CosSin, narrow: bool
+                 ) -> tuple[torch.Tensor, bool]:
+        """The q/k/v projection in float32, and whether q and k are rotated already: where
+        fast's bfloat16 copy leaves the product narrow (``narrow``, the whole-head rotation),
+        the native kernel widens it and rotates in one pass (routes.widen_rope), the numbers
+        of widening and then rotating."""
+        if not (narrow and self.in_place_rope):
+            return self.qkv_proj(hidden), False
+        qkv = self.qkv_proj.narrow(hidden)
+        if qkv.dtype == torch.float32:
+            return qkv, False
+        heads = self.num_heads + self.num_kv_heads
+        wide = self.routes.widen_rope(qkv, cos_sin, heads, self.head_dim)
+        return (qkv.float(), False) if wide is None else (wide, True)
 
 
 class GatedMLP(Routed):

@@ -166,6 +166,17 @@ class KernelRoutes:
         native.rope_(self.native, rows, cos.squeeze(1), sin.squeeze(1), heads, head_dim)
         return True
 
+    def widen_rope(self, rows: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                   heads: int, head_dim: int) -> torch.Tensor | None:
+        """Contiguous bfloat16 ``rows`` (a product fast's copy left narrow) in float32 with
+        :meth:`rope_in_place`'s rotation, one native pass; None: the caller widens and rotates."""
+        if (self.native is None or rows.device.type != "cpu" or rows.dtype != torch.bfloat16
+                or not rows.is_contiguous()):
+            return None
+        cos, sin = cos_sin
+        return native.rope_widen(self.native, rows, cos.squeeze(1), sin.squeeze(1), heads,
+                                 head_dim)
+
     def describe(self) -> dict[str, str]:
         """The matmul and element-wise routes, for ``--stats`` and the bench JSON."""
         numpy_rows = f"<= {self.numpy_max_rows} rows numpy (OpenBLAS)" if self.numpy_max_rows else ""

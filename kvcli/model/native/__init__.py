@@ -76,9 +76,10 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
                                             ctypes.c_float, I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
+    lib.kvcli_rope_widen.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 5]
     for name in ("kvcli_gemm", "kvcli_gemm_nt", "kvcli_rms_norm", "kvcli_rms_norm_bf16",
                  "kvcli_add_rms_norm_bf16",
-                 "kvcli_silu_and_mul", "kvcli_rope"):
+                 "kvcli_silu_and_mul", "kvcli_rope", "kvcli_rope_widen"):
         getattr(lib, name).restype = None
     # Quantized weights (qgemm.c; called from kvcli/model/quant/weights.py).
     lib.kvcli_qgemm.argtypes = [I64, F32P, F32P, F32P, F32P, F32P, *[I64] * 4]
@@ -341,3 +342,13 @@ def rope_(lib: ctypes.CDLL, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     ``cos``/``sin`` contiguous ``[rows, head_dim]``."""
     lib.kvcli_rope(rows.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows.shape[0],
                    rows.shape[1], heads, head_dim, num_threads())
+
+
+def rope_widen(lib: ctypes.CDLL, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               heads: int, head_dim: int) -> torch.Tensor:
+    """A contiguous 2-D bfloat16 ``rows`` in float32 with RoPE on the first ``heads`` heads of
+    each row: :func:`rope_` on ``rows.float()``, bit for bit, in one pass."""
+    out = torch.empty(rows.shape, dtype=torch.float32)
+    lib.kvcli_rope_widen(rows.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                         rows.shape[0], rows.shape[1], heads, head_dim, num_threads())
+    return out

@@ -145,24 +145,61 @@ typedef struct {
     int64_t stride, heads, head_dim;
 } rope_args;
 
-static void rope_rows(const void *a, int64_t begin, int64_t end) {
-    const rope_args *p = (const rope_args *)a;
-    const int64_t half = p->head_dim / 2;
-    for (int64_t r = begin; r < end; r++) {
-        const float *c = p->cos + r * p->head_dim, *s = p->sin + r * p->head_dim;
-        for (int64_t h = 0; h < p->heads; h++) {
-            float *x = p->x + r * p->stride + h * p->head_dim;
-            for (int64_t i = 0; i < half; i++) {
-                const float x1 = x[i], x2 = x[i + half];
-                x[i] = x1 * c[i] + -x2 * s[i];
-                x[i + half] = x2 * c[i + half] + x1 * s[i + half];
-            }
+/* One row's first `heads` heads rotated in place. Out of line so that kvcli_rope and
+ * kvcli_rope_widen run the very same code (as rms_row for the norms). */
+__attribute__((noinline)) static void rope_row(float *row, const float *c, const float *s,
+                                               int64_t heads, int64_t head_dim) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *x = row + h * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+            const float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * c[i] + -x2 * s[i];
+            x[i + half] = x2 * c[i + half] + x1 * s[i + half];
         }
     }
+}
+
+static void rope_rows(const void *a, int64_t begin, int64_t end) {
+    const rope_args *p = (const rope_args *)a;
+    for (int64_t r = begin; r < end; r++)
+        rope_row(p->x + r * p->stride, p->cos + r * p->head_dim, p->sin + r * p->head_dim,
+                 p->heads, p->head_dim);
 }
 
 void kvcli_rope(float *x, const float *cos, const float *sin, int64_t rows, int64_t stride,
                 int64_t heads, int64_t head_dim, int64_t threads) {
     const rope_args a = {x, cos, sin, stride, heads, head_dim};
     parallel_rows(rope_rows, &a, rows, heads * head_dim, threads);
+}
+
+/* dst [rows, width] float32 = src [rows, width] bfloat16 widened, then RoPE on the first `heads`
+ * heads of each row: what widening and kvcli_rope give, in one pass over the rows (fast's q/k/v
+ * product as oneDNN leaves it; widening is exact, and the rotation is rope_row's). */
+typedef struct {
+    const uint16_t *src;
+    float *dst;
+    const float *cos, *sin;
+    int64_t width, heads, head_dim;
+} widen_rope_args;
+
+static void widen_rope_rows(const void *a, int64_t begin, int64_t end) {
+    const widen_rope_args *p = (const widen_rope_args *)a;
+    const int64_t width = p->width; /* a local: the loop below vectorises */
+    for (int64_t r = begin; r < end; r++) {
+        const uint16_t *in = p->src + r * width;
+        float *out = p->dst + r * width;
+        for (int64_t i = 0; i < width; i++) { /* bfloat16 is float32's upper half */
+            const uint32_t bits = (uint32_t)in[i] << 16;
+            memcpy(out + i, &bits, sizeof bits);
+        }
+        rope_row(out, p->cos + r * p->head_dim, p->sin + r * p->head_dim, p->heads, p->head_dim);
+    }
+}
+
+void kvcli_rope_widen(const uint16_t *src, float *dst, const float *cos, const float *sin,
+                      int64_t rows, int64_t width, int64_t heads, int64_t head_dim,
+                      int64_t threads) {
+    const widen_rope_args a = {src, dst, cos, sin, width, heads, head_dim};
+    parallel_rows(widen_rope_rows, &a, rows, width, threads);
 }
