@@ -91,8 +91,8 @@ def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models
     few = " with int8 batched decode" if native.w8a8_available(native.load()) else ""
     assert weights_form(llm.engine.config, llm.engine.model) == f"int8 with bfloat16 prefill{few}"
     calls: list[int] = []  # the copy's matmuls (the q/k/v and output projections leave their
-    run = PackedWeight._onednn_narrow  # products narrow, decoder.py; the MLP is a SwiGLU)
-    monkeypatch.setattr(PackedWeight, "_onednn_narrow",
+    run = PackedWeight.narrow_linear  # products narrow, decoder.py; the MLP is a SwiGLU)
+    monkeypatch.setattr(PackedWeight, "narrow_linear",
                         lambda self, x: calls.append(x.numel()) or run(self, x))
     prompt = [(7 * i) % 200 + 3 for i in range(BF16_PREFILL_ROWS + 9)]
     out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
