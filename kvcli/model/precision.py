@@ -185,7 +185,8 @@ def _fast_few_rows(quantization: str) -> str | None:
     """fast's batched decode matmuls on integer-kernel weights: "int8" where the CPU has
     AMX-INT8 (quant/w8a8.py: an int8 copy per output channel, activations per 64 values; one
     SmolLM2-135M step's matmuls at 32 rows 13.9-14.2 ms vs 18.7-19.9 on the Q4_1 blocks, Xeon
-    with AMX, weights cold, docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_W8A8=0 keeps the weights' own kernels."""
+    with AMX, weights cold, docs/BENCHMARKS.md 2026-12-07), else None. KVCLI_W8A8=0 keeps the
+    weights' own kernels."""
     if activations(quantization) != INT8_ACTIVATIONS:
         return None
     return "int8" if native.w8a8_available(native.load()) else None

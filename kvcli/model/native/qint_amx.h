@@ -16,23 +16,15 @@
 
 #define AMX_AI inline __attribute__((always_inline))
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
+#include "amx_tiles.h"
 
 /* Tiles: 0, 1 activations (16 rows x 32 bytes), 2, 3 weights (8 k-groups x 64 bytes), 4-7
  * sums (16 x 16 int32), in turn (amx_tile). Tile state is per thread. */
 static AMX_AI void amx_configure(void) {
-    amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = t == 2 || t == 3 ? 8 : AMX_ROWS;
-        c.colsb[t] = t < 2 ? 32 : 64;
-    }
-    _tile_loadconfig(&c);
+    static const uint8_t rows[8] = {AMX_ROWS, AMX_ROWS, 8,        8,
+                                    AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS};
+    static const uint16_t colsb[8] = {32, 32, 64, 64, 64, 64, 64, 64};
+    amx_load_config(rows, colsb);
 }
 
 /* Group g's nibbles to bytes, 512 per block: vector kg's low nibbles are k-group kg, its high
