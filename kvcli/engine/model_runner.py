@@ -8,12 +8,11 @@ its known tokens.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from kvcli.engine import pooling, prompt_logprobs
 from kvcli.engine.request import Request
-from kvcli.engine.sampler import Sampler, SampleResult
+from kvcli.engine.sampler import Sampler, SampleResult, greedy_rows
 from kvcli.engine.scheduler import SchedulerOutput
 from kvcli.model.attention import build_attention_metadata
 from kvcli.model.backend import Backend, model_backend
@@ -80,20 +79,10 @@ class ModelRunner:
             return [], SampleResult([], [])
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
-        nonfinite = nonfinite_rows(logits)
+        first_max, nonfinite = greedy_rows(logits)  # the model's own logits, before any mask
         if nonfinite:  # NaN would be argmax 0 for greedy rows and crash multinomial for others
             logits[nonfinite] = 0.0
-        result = self.sampler(logits, samplers)
+        result = self.sampler(logits, samplers, None if nonfinite else first_max)
         result.nonfinite = nonfinite
         return samplers, result
 
-
-def nonfinite_rows(logits: torch.Tensor) -> list[int]:
-    """Rows whose maximum is not finite: a NaN anywhere (max propagates it), +inf, or all -inf,
-    what greedy argmax and sampling cannot use. Checked on the model's own logits, before any
-    mask. NumPy on CPU: 0.3 ms for 32 x 49k logits where torch's threaded reduction took 11."""
-    if logits.device.type == "cpu":
-        finite = torch.from_numpy(np.isfinite(logits.float().numpy().max(axis=-1)))
-    else:
-        finite = torch.isfinite(logits.amax(dim=-1))
-    return [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kvcli.engine.request import Request
@@ -50,18 +51,23 @@ class Sampler:
             self._generators[req.request_id] = gen
         return gen
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SampleResult:
+    def __call__(self, logits: torch.Tensor, requests: list[Request],
+                 first_max: list[int] | None = None) -> SampleResult:
+        """``first_max``: each row's first maximal index where the caller took it already
+        (:func:`greedy_rows`); used only where no mask, bias or penalty changes a row."""
         logits = logits.float()
         if self.logits_mask is not None:  # before penalties, filters and logprobs read them
             self.logits_mask(logits, requests)
         if any(_has_penalties(r) or r.sampling_params.biased for r in requests):
+            first_max = None
             logits = logits.clone()  # rows without them stay bit-identical
             for i, req in enumerate(requests):
                 if req.sampling_params.biased:  # before penalties, as vLLM orders them
                     _apply_bias(logits[i], req.sampling_params)
                 if _has_penalties(req):
                     _apply_penalties(logits[i], req)
-        greedy = _argmax_rows(logits)
+        greedy = first_max if first_max is not None and self.logits_mask is None \
+            else _argmax_rows(logits)
         token_ids: list[int] = []
         for i, req in enumerate(requests):
             sp = req.sampling_params
@@ -160,3 +166,19 @@ def _argmax_rows(logits: torch.Tensor) -> list[int]:
     if logits.device.type == "cpu":
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
+
+
+def greedy_rows(logits: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Each row's first maximal index (:func:`_argmax_rows`) and the rows whose maximum is not
+    finite: a NaN anywhere (argmax, as max, picks the first NaN), +inf, or all -inf, what greedy
+    argmax and sampling cannot use. One pass over the logits on CPU: the value at the argmax
+    tells finiteness, where a separate max took another 0.47 ms a step for 32 x 49,152 (~1% of
+    a distinct run, with the sampler's own argmax)."""
+    if logits.device.type != "cpu":
+        finite = torch.isfinite(logits.amax(dim=-1))
+        bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
+        return _argmax_rows(logits), bad
+    rows = logits.float().numpy()
+    top = rows.argmax(axis=-1)
+    finite = np.isfinite(rows[np.arange(len(top)), top])
+    return top.tolist(), [] if finite.all() else np.flatnonzero(~finite).tolist()

@@ -31,7 +31,7 @@ typedef struct { /* one thread's tile buffers (amx_start) */
     float *corr;    /* [rows]: the bias term, sum_t p_t (b_t + 128 s_t) over the step */
     float *c;       /* [AR][D]: a row tile's product */
     int32_t *ci;    /* [AR][16]: a score tile */
-    int64_t rows;   /* the thread's rows: QT x group */
+    int64_t rows;   /* the thread's rows: qt x group */
 } amx_t;
 
 /* -1: not yet asked; 0: off (not granted, or kvcli_attention_amx(0)); 1: on. */
@@ -56,6 +56,15 @@ static void amx_end(void *buf) {
     if (!buf) return;
     _tile_release();
     amx_free(buf);
+}
+
+/* Query positions per prefill item: twice the vector kernels' where the tiles run the item.
+ * Each item converts its context's key and value panels once for all its rows, so 96 rows
+ * (SmolLM2's group of 3) halve that work against 48; one layer's int8 prefill (prompts of 440,
+ * 440 and 144 tokens, Xeon with AMX) 2.69 -> 2.48-2.54 ms on one thread, 1.46 -> 1.36-1.42 on
+ * two. Shared-prefix decode items keep QT tokens: fewer items would leave a core idle. */
+static int64_t prefill_positions(int64_t D) {
+    return KV_NAME(kvcli_attention_amx)(-1) == 1 && kv8_int_scores(D) ? QT_AMX : QT;
 }
 
 /* The thread's buffers with its tiles configured (16 rows x 64 bytes each), or NULL: the vector
@@ -259,6 +268,10 @@ static inline void *amx_start(int64_t D, int64_t rows) {
     return NULL;
 }
 static inline void amx_end(void *buf) { (void)buf; }
+static inline int64_t prefill_positions(int64_t D) {
+    (void)D;
+    return QT;
+}
 #define keys_amx keys_any /* never chosen: amx_start gives NULL */
 #endif
 #endif

@@ -40,7 +40,9 @@ typedef float kv_t;
 #endif
 
 #define KB 32 /* keys per panel: two 16-float vectors of scores per query */
-#define QT 16 /* query positions per work item */
+#define QT 16 /* query positions per prefill work item (the vector kernels), decode tokens per
+                shared-prefix item */
+#define QT_AMX 32 /* query positions per prefill item where prefill_amx.h's tiles run it */
 
 /* One vector register of floats: 16 with AVX-512, else 8 (a wider GCC vector type is split
  * by the compiler, and on AVX2 it kept such vectors in memory: 10x slower). */
@@ -53,7 +55,7 @@ typedef float kv_t;
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 
 typedef struct {
-    int64_t kind, of, head, first; /* PREFILL: seq `of`, queries first.. first+QT of it;
+    int64_t kind, of, head, first; /* PREFILL: seq `of`, queries first.. first+qt of it;
                                       SHARED: group `of`, its members first.. first+QT */
 } item_t;
 
@@ -69,6 +71,7 @@ typedef struct {
     float *out;             /* [T, H, D], laid out as q */
     int64_t H, Hkv, D, window;
     float scale;
+    int64_t qt;             /* query positions per prefill item (QT or QT_AMX), >= QT */
     const item_t *items;
     int64_t num_items;
     _Atomic int64_t next;
@@ -147,7 +150,7 @@ static inline void accumulate2(float *oa, float *ob, int64_t D, const float *pa,
 
 typedef struct { /* one thread's buffers for an item's steps */
     float *kt;     /* the [D][KB] key panel, then a [KB][D] V scratch */
-    float *sc;     /* a softmax step's scores, [QT x group][SP] */
+    float *sc;     /* a softmax step's scores, [qt x group][SP] */
     int64_t *span; /* each row's visible offsets in the step */
     void *amx;     /* prefill_amx.h's tile buffers (NULL: the vector kernels) */
 } bufs_t;
@@ -270,9 +273,9 @@ static keys_fn vector_keys(int64_t D) { return D == 64 ? keys_64 : D == 128 ? ke
 
 #include "prefill_amx.h" /* keys_amx: the int8 cache's steps on AMX tiles */
 
-typedef struct { /* one thread's buffers, for QT x group rows */
+typedef struct { /* one thread's buffers, for qt x group rows */
     float *mx, *l, *o;
-    bufs_t b; /* the panel, a softmax step's scores [QT x group][SP] and spans, AMX's buffers */
+    bufs_t b; /* the panel, a softmax step's scores [qt x group][SP] and spans, AMX's buffers */
     const float **q;
     int64_t *pos, *dst; /* each row's position, and its offset in out */
     int8_t *qc; /* the rows rounded to int8 (KV_VNNI), with their scales and code sums */
@@ -323,12 +326,12 @@ static void finish_rows(const job_t *j, int64_t m, const scratch_t *s) {
     }
 }
 
-/* A prefill tile: QT query positions x the group's heads, causal over its context. */
+/* A prefill tile: qt query positions x the group's heads, causal over its context. */
 static void prefill_item(const job_t *j, const item_t *it, keys_fn keys, scratch_t *s) {
     const int64_t group = j->H / j->Hkv, g = it->head, w = j->window;
     const int64_t *info = j->seqs + 4 * it->of;
     const int64_t q_len = info[1], pos0 = info[2] - q_len, first = it->first;
-    const int64_t last = first + QT < q_len ? first + QT : q_len, m = (last - first) * group;
+    const int64_t last = first + j->qt < q_len ? first + j->qt : q_len, m = (last - first) * group;
     for (int64_t i = 0; i < m; i++) {
         s->q[i] = j->q + query_at(j, info, first + i / group, g * group + i % group);
         s->dst[i] = out_at(j, info, first + i / group, g * group + i % group);
@@ -371,7 +374,7 @@ static void run_part(const void *args, int64_t t, int64_t n) {
     (void)t;
     (void)n;
     job_t *j = (job_t *)args;
-    const int64_t rows = QT * (j->H / j->Hkv);
+    const int64_t rows = j->qt * (j->H / j->Hkv);
     scratch_t s = {malloc(sizeof(float) * rows), malloc(sizeof(float) * rows),
                    malloc(sizeof(float) * rows * j->D),
                    {aligned_alloc(64, sizeof(float) * j->D * KB * 2), /* panel + V scratch */
@@ -435,9 +438,10 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, con
                                   int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                   int64_t head_dim, int64_t window, float scale,
                                   int64_t num_threads) {
+    const int64_t qt = prefill_positions(head_dim);
     int64_t count = 0, rows = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
-        count += (seqs[4 * s + 1] + QT - 1) / QT * num_kv_heads;
+        count += (seqs[4 * s + 1] + qt - 1) / qt * num_kv_heads;
         rows += seqs[4 * s + 1];
     }
     item_t *items = malloc(sizeof(item_t) * (count ? count : 1));
@@ -445,10 +449,10 @@ int KV_NAME(kvcli_paged_prefill_attention)(const float *q, int64_t q_stride, con
     /* Longest first: a tile's work grows with its last query's position. */
     int64_t n = 0;
     for (int64_t s = 0; s < num_seqs; s++)
-        for (int64_t first = (seqs[4 * s + 1] - 1) / QT * QT; first >= 0; first -= QT)
+        for (int64_t first = (seqs[4 * s + 1] - 1) / qt * qt; first >= 0; first -= qt)
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){PREFILL, s, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, NULL, out, num_heads, num_kv_heads, head_dim,
-                 window, scale, NULL, 0, 0, 0};
+                 window, scale, qt, NULL, 0, 0, 0};
     return run(&job, items, n, num_threads, rows);
 }
 
@@ -472,6 +476,6 @@ int KV_NAME(kvcli_shared_decode_attention)(const float *q, int64_t q_stride, con
         for (int64_t first = 0; first < groups[3 * gi + 1]; first += QT)
             for (int64_t g = 0; g < num_kv_heads; g++) items[n++] = (item_t){SHARED, gi, g, first};
     job_t job = {q, q_stride, k, v, slots, seqs, groups, out, num_heads, num_kv_heads, head_dim,
-                 0, scale, NULL, 0, 0, 0};
+                 0, scale, QT, NULL, 0, 0, 0};
     return run(&job, items, n, num_threads, rows);
 }
