@@ -115,6 +115,30 @@ def test_swiglu_is_the_mlp_in_bfloat16():
     torch.testing.assert_close(got, expect, rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.skipif(not (ONEDNN_BF16 and native.swiglu_amx_available(native.load())),
+                    reason="no AMX-BF16 here (or the OS did not grant the tiles)")
+@pytest.mark.parametrize("rows", [1, 37, 160])  # under a tile, a tile pair and a part, whole
+def test_swiglu_tiles_equal_onednns_mlp_to_its_rounding(monkeypatch, rows):
+    """swiglu_amx.c's gate, up and SiLU give oneDNN's MLP up to the order of the float32 sums
+    (channels past a 16-channel group and rows past a tile included), and run here."""
+    torch.manual_seed(rows)
+    gate_up, down = torch.randn(2 * 72, 96) / 8, torch.randn(96, 72) / 7
+    x = torch.randn(rows, 96)
+    tiled = SwiGLU.of(gate_up, down)
+    monkeypatch.setenv("KVCLI_SWIGLU_AMX", "0")
+    plain = SwiGLU.of(gate_up, down)
+    assert tiled.tiles and not plain.tiles
+    got, want = tiled(x, narrow=True), plain(x, narrow=True)
+    assert got.dtype == want.dtype == torch.bfloat16
+    # the intermediate's bfloat16 roundings differ by an ulp here and there: ~1% of the scale
+    scale = float(want.float().abs().max())
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=1e-2 * scale)
+    g, u = (x.bfloat16().float() @ gate_up.bfloat16().float().T).chunk(2, dim=-1)
+    front = (torch.nn.functional.silu(g) * u).bfloat16()
+    torch.testing.assert_close(tiled._front(x.bfloat16()).float(), front.float(), rtol=1e-2,
+                               atol=1e-3)
+
+
 @needs_both
 @pytest.mark.parametrize("family", ["llama", "mistral"])  # tied, untied output layer
 @pytest.mark.parametrize("w8a8", ["1", "0"])  # with and without fast's int8 decode copy

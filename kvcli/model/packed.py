@@ -131,35 +131,60 @@ class PackedWeight:
 
 @dataclass(eq=False)
 class SwiGLU:
-    """down(silu(gate(x)) * up(x)) for many float32 rows, as three oneDNN bfloat16 matmuls whose
-    silu and product run as post-ops on the float32 sums (fast's prefill on AMX-BF16: one
-    SmolLM2-135M MLP, 2 threads, 1,024 rows 6.7 ms vs 8.5 for the fused gate/up projection
-    widened to float32, the native silu-and-mul and the down projection; 128 rows 0.9 vs 1.25)."""
+    """down(silu(gate(x)) * up(x)) for many float32 rows in bfloat16 (fast's prefill on AMX-BF16).
+    Where native.swiglu_amx_available, gate, up and SiLU run as one native pass on the tiles
+    (swiglu_amx.c: one SmolLM2-135M MLP front, 1,024 rows, 2 threads, docs/BENCHMARKS.md);
+    else as two oneDNN calls whose silu and product run as post-ops on the float32 sums (1,024
+    rows 6.7 ms vs 8.5 for the fused gate/up projection widened to float32, the native
+    silu-and-mul and the down projection; 128 rows 0.9 vs 1.25). The down projection is oneDNN's."""
 
-    gate: torch.Tensor  # oneDNN-packed [intermediate, hidden] bfloat16
+    gate: torch.Tensor  # [intermediate, hidden] bfloat16: oneDNN-packed, or swiglu_amx.c's tiles
     up: torch.Tensor
-    down: torch.Tensor  # [hidden, intermediate]
+    down: torch.Tensor  # oneDNN-packed [hidden, intermediate]
     hidden: int
+    size: int = 0  # the intermediate size
+    tiles: bool = False  # gate and up laid out for swiglu_amx.c
 
     @classmethod
     def of(cls, gate_up: torch.Tensor, down: torch.Tensor) -> SwiGLU:
         """From the float ``[2 * intermediate, hidden]`` fused projection and ``down``."""
-        size = gate_up.shape[0] // 2
+        size, hidden = gate_up.shape[0] // 2, gate_up.shape[1]
+        lib = native.load()
+        tiles = hidden % 32 == 0 and native.swiglu_amx_available(lib)
 
-        def packed(w: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._reorder_linear_weight(
-                w.to(torch.bfloat16).contiguous(), PREFILL_ROWS_HINT)
+        def packed(w: torch.Tensor, tiled: bool = False) -> torch.Tensor:
+            w = w.to(torch.bfloat16).contiguous()
+            if not tiled:
+                return torch.ops.mkldnn._reorder_linear_weight(w, PREFILL_ROWS_HINT)
+            out = torch.empty(lib.kvcli_swiglu_packed_size(*w.shape), dtype=torch.int16)
+            lib.kvcli_swiglu_pack(w.data_ptr(), out.data_ptr(), *w.shape)
+            return out
 
-        return cls(packed(gate_up[:size]), packed(gate_up[size:]), packed(down), gate_up.shape[1])
+        return cls(packed(gate_up[:size], tiles), packed(gate_up[size:], tiles), packed(down),
+                   hidden, size, tiles)
 
     def __call__(self, x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
         """The MLP's output in float32, or as oneDNN leaves it (bfloat16) with ``narrow``."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.hidden).to(torch.bfloat16)
-        gate = torch.ops.mkldnn._linear_pointwise(rows, self.gate, None, "swish", [], "")
-        both = torch.ops.mkldnn._linear_pointwise.binary(rows, gate, self.up, None, "mul")
+        if self.tiles:
+            both = self._front(rows.contiguous())
+        else:
+            gate = torch.ops.mkldnn._linear_pointwise(rows, self.gate, None, "swish", [], "")
+            both = torch.ops.mkldnn._linear_pointwise.binary(rows, gate, self.up, None, "mul")
         y = torch.ops.mkldnn._linear_pointwise(both, self.down, None, "none", [], "")
         return (y if narrow else y.float()).reshape(*lead, self.hidden)
+
+    def _front(self, rows: torch.Tensor) -> torch.Tensor:
+        """silu(gate(rows)) * up(rows) in bfloat16 from swiglu_amx.c."""
+        out = rows.new_empty((rows.shape[0], self.size))
+        status = native.load().kvcli_swiglu_bf16(rows.data_ptr(), self.gate.data_ptr(),
+                                                 self.up.data_ptr(), out.data_ptr(),
+                                                 rows.shape[0], self.size, self.hidden,
+                                                 native.num_threads())
+        if status:
+            raise MemoryError("swiglu: out of memory for the padded rows")
+        return out
 
 
 def can_pack(dtype: torch.dtype) -> bool:

@@ -94,6 +94,12 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_qint_packed_bytes.restype = lib.kvcli_qint_variants.restype = I64
     lib.kvcli_qint_amx_ready.restype = I64
     lib.kvcli_qint_quantize.restype = None
+    # fast's prefill MLP front on AMX-BF16 (swiglu_amx.c; kvcli/model/packed.py's SwiGLU).
+    lib.kvcli_swiglu_bf16.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
+    lib.kvcli_swiglu_bf16.restype = ctypes.c_int
+    lib.kvcli_swiglu_pack.argtypes, lib.kvcli_swiglu_pack.restype = [F32P, F32P, I64, I64], None
+    lib.kvcli_swiglu_packed_size.argtypes = [I64, I64]
+    lib.kvcli_swiglu_packed_size.restype = lib.kvcli_swiglu_built.restype = I64
     return lib
 
 
@@ -124,6 +130,17 @@ def w8a8_available(lib: ctypes.CDLL | None) -> bool:
             and {"amx_tile", "amx_int8", "avx512f", "avx512bw"} <= cpu
             and lib.kvcli_qint_variants() > QINT_VARIANTS["amx-int8"][0]
             and bool(lib.kvcli_qint_amx_ready()))
+
+
+def swiglu_amx_available(lib: ctypes.CDLL | None) -> bool:
+    """Whether fast's bfloat16 prefill MLP takes gate, up and SiLU on AMX-BF16 tiles
+    (swiglu_amx.c, built with the AMX kernels, whose tiles Linux grants; packed.SwiGLU), where
+    oneDNN's two calls otherwise; KVCLI_SWIGLU_AMX=0 turns it off."""
+    cpu = set(_cpu_flags().split())
+    return (os.environ.get("KVCLI_SWIGLU_AMX", "1") != "0" and lib is not None
+            and os.environ.get("KVCLI_NATIVE_ISA") != "avx2"
+            and {"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512_bf16"} <= cpu
+            and bool(lib.kvcli_swiglu_built()) and bool(lib.kvcli_qint_amx_ready()))
 
 
 def qint_variant(lib: ctypes.CDLL) -> str:

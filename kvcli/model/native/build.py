@@ -29,7 +29,7 @@ SOURCES = tuple(_HERE / n
                           "prefill_attention.c", "elementwise.c", "paged_attention_int8.c",
                           "prefill_attention_int8.c", "paged_attention_bf16.c",
                           "prefill_attention_bf16.c", "decode_step.c",
-                          "bf16_gemm.c", "w8a8.c"))
+                          "bf16_gemm.c", "w8a8.c", "swiglu_amx.c"))
 # Included by the sources above, so part of the build's key too (paged_attention.c is built
 # once per converted-cache format, by paged_attention_int8.c and paged_attention_bf16.c).
 HEADERS = tuple(_HERE / n for n in ("pool.h", "f32_vec.h", "qblocks.h", "qint_kernel.h",
