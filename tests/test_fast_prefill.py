@@ -89,7 +89,11 @@ def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models
     assert llm.engine.model.routes.bf16_prefill_rows == BF16_PREFILL_ROWS
     assert "bfloat16 prefill matmuls" in llm.engine.runner.backend.describe()["precision"]
     few = " with int8 batched decode" if native.w8a8_available(native.load()) else ""
-    assert weights_form(llm.engine.config, llm.engine.model) == f"int8 with bfloat16 prefill{few}"
+    tiles = [m.wide.tiles for m in llm.engine.model.modules() if isinstance(m, GatedMLP)]
+    assert tiles and len(set(tiles)) == 1  # one route for every MLP
+    front = " (MLP front on AMX-BF16 tiles)" if tiles[0] else ""  # another sum order: its own key
+    assert weights_form(llm.engine.config, llm.engine.model) == (
+        f"int8 with bfloat16 prefill{front}{few}")
     calls: list[int] = []  # the copy's matmuls (the q/k/v and output projections leave their
     run = PackedWeight.narrow_linear  # products narrow, decoder.py; the MLP is a SwiGLU)
     monkeypatch.setattr(PackedWeight, "narrow_linear",

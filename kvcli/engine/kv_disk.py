@@ -164,6 +164,8 @@ def weights_form(config: Any, model: Any) -> str | None:
         # copies compute other K/V than the integers on the weights' own blocks
         routes = getattr(model, "routes", None)
         wide = " with bfloat16 prefill" if getattr(routes, "bf16_prefill_rows", 0) else ""
+        if wide and any(getattr(getattr(m, "wide", None), "tiles", False) for m in model.modules()):
+            wide += " (MLP front on AMX-BF16 tiles)"  # packed.SwiGLU: oneDNN's sums, reordered
         few = " with int8 batched decode" if getattr(routes, "w8a8_rows", 0) else ""
         return f"{config.quantization}{wide}{few}"
     platform = getattr(model, "platform", None)
