@@ -124,23 +124,26 @@ def w8a8_available(lib: ctypes.CDLL | None) -> bool:
     """Whether fast's int8 copy for few-row matmuls runs here (w8a8.c on AMX-INT8 tiles, built
     with qint.c's AMX variant, which Linux grants; quant/w8a8.py); KVCLI_W8A8=0 turns it off,
     and KVCLI_NATIVE_ISA=avx2 (an AVX2-only CPU, as qint_variant reads it) has none."""
-    cpu = set(_cpu_flags().split())
-    return (os.environ.get("KVCLI_W8A8", "1") != "0" and lib is not None
-            and os.environ.get("KVCLI_NATIVE_ISA") != "avx2"
-            and {"amx_tile", "amx_int8", "avx512f", "avx512bw"} <= cpu
-            and lib.kvcli_qint_variants() > QINT_VARIANTS["amx-int8"][0]
-            and bool(lib.kvcli_qint_amx_ready()))
+    return (_amx_kernel_ready(lib, "KVCLI_W8A8", {"amx_tile", "amx_int8", "avx512f", "avx512bw"})
+            and lib.kvcli_qint_variants() > QINT_VARIANTS["amx-int8"][0])
 
 
 def swiglu_amx_available(lib: ctypes.CDLL | None) -> bool:
     """Whether fast's bfloat16 prefill MLP takes gate, up and SiLU on AMX-BF16 tiles
     (swiglu_amx.c, built with the AMX kernels, whose tiles Linux grants; packed.SwiGLU), where
     oneDNN's two calls otherwise; KVCLI_SWIGLU_AMX=0 turns it off."""
-    cpu = set(_cpu_flags().split())
-    return (os.environ.get("KVCLI_SWIGLU_AMX", "1") != "0" and lib is not None
+    return (_amx_kernel_ready(lib, "KVCLI_SWIGLU_AMX",
+                              {"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512_bf16"})
+            and bool(lib.kvcli_swiglu_built()))
+
+
+def _amx_kernel_ready(lib: ctypes.CDLL | None, switch: str, needs: set[str]) -> bool:
+    """The rule fast's AMX kernels share: not switched off (``switch`` = 0), the kernels loaded,
+    not the AVX2 stand-in build (KVCLI_NATIVE_ISA=avx2, an AVX2-only CPU), the CPU's flags
+    ``needs``, and the tiles granted by Linux (qint.c's one request)."""
+    return (os.environ.get(switch, "1") != "0" and lib is not None
             and os.environ.get("KVCLI_NATIVE_ISA") != "avx2"
-            and {"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512_bf16"} <= cpu
-            and bool(lib.kvcli_swiglu_built()) and bool(lib.kvcli_qint_amx_ready()))
+            and needs <= set(_cpu_flags().split()) and bool(lib.kvcli_qint_amx_ready()))
 
 
 def qint_variant(lib: ctypes.CDLL) -> str:

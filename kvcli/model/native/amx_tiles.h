@@ -1,4 +1,5 @@
-/* The AMX tile configuration the int8 kernels share (qint_amx.h, prefill_amx.h, w8a8.c). Include where the AMX intrinsics are enabled (-march or a target pragma);
+/* The AMX tile configuration the tile kernels share (qint_amx.h, prefill_amx.h, w8a8.c,
+ * swiglu_amx.c). Include where the AMX intrinsics are enabled (-march or a target pragma);
  * tile state is per thread, so each thread configures its own before its first tile
  * instruction and releases it after its last. */
 #ifndef KVCLI_AMX_TILES_H
@@ -23,7 +24,7 @@ static inline __attribute__((always_inline)) void amx_load_config(const uint8_t 
     _tile_loadconfig(&cfg);
 }
 
-/* All eight tiles 16 rows of 64 bytes (prefill_amx.h, w8a8.c). */
+/* All eight tiles 16 rows of 64 bytes (prefill_amx.h, w8a8.c, swiglu_amx.c). */
 static inline __attribute__((always_inline)) void amx_tiles_16x64(void) {
     static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
     static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
