@@ -72,7 +72,8 @@ typedef struct {
  * decode step's attention (bench_decode_attention.py: 32 sequences of distinct's lengths, blocks
  * scattered, 2 threads, Zen 4) float32 27.3 -> 21.2-21.6 ms, int8 9.3 -> 7.9-8.0 ms with it 16
  * or 32 tokens ahead (64: 22.0 / 8.1, 128: 23.0 / 8.4); moving the L1 prefetch alone (16, 32
- * tokens) changed nothing. */
+ * tokens) changed nothing. Measured on Zen 4 only; both prefetches are hints every x86 CPU
+ * takes, and the Xeon's and Zen 3's numbers are for the next session there. */
 #define AHEAD 8
 #define FAR 32
 
