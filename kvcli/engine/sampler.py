@@ -58,6 +58,7 @@ class Sampler:
         logits = logits.float()
         if self.logits_mask is not None:  # before penalties, filters and logprobs read them
             self.logits_mask(logits, requests)
+            first_max = None  # a mask may move a row's maximum
         if any(_has_penalties(r) or r.sampling_params.biased for r in requests):
             first_max = None
             logits = logits.clone()  # rows without them stay bit-identical
@@ -66,8 +67,7 @@ class Sampler:
                     _apply_bias(logits[i], req.sampling_params)
                 if _has_penalties(req):
                     _apply_penalties(logits[i], req)
-        greedy = first_max if first_max is not None and self.logits_mask is None \
-            else _argmax_rows(logits)
+        greedy = first_max if first_max is not None else _argmax_rows(logits)
         token_ids: list[int] = []
         for i, req in enumerate(requests):
             sp = req.sampling_params

@@ -19,7 +19,7 @@ Two kernels, chosen by precision.bf16_kernel from the CPU's flags:
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -144,6 +144,7 @@ class SwiGLU:
     hidden: int
     size: int = 0  # the intermediate size
     tiles: bool = False  # gate and up laid out for swiglu_amx.c
+    lib: ctypes.CDLL | None = field(default=None, repr=False)  # the kernels (tiles)
 
     @classmethod
     def of(cls, gate_up: torch.Tensor, down: torch.Tensor) -> SwiGLU:
@@ -161,7 +162,7 @@ class SwiGLU:
             return out
 
         return cls(packed(gate_up[:size], tiles), packed(gate_up[size:], tiles), packed(down),
-                   hidden, size, tiles)
+                   hidden, size, tiles, lib if tiles else None)
 
     def __call__(self, x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
         """The MLP's output in float32, or as oneDNN leaves it (bfloat16) with ``narrow``."""
@@ -178,7 +179,7 @@ class SwiGLU:
     def _front(self, rows: torch.Tensor) -> torch.Tensor:
         """silu(gate(rows)) * up(rows) in bfloat16 from swiglu_amx.c."""
         out = rows.new_empty((rows.shape[0], self.size))
-        status = native.load().kvcli_swiglu_bf16(rows.data_ptr(), self.gate.data_ptr(),
+        status = self.lib.kvcli_swiglu_bf16(rows.data_ptr(), self.gate.data_ptr(),
                                                  self.up.data_ptr(), out.data_ptr(),
                                                  rows.shape[0], self.size, self.hidden,
                                                  native.num_threads())

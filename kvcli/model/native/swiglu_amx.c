@@ -69,14 +69,9 @@ static inline void fold_rows(const swiglu_args *a, float (*c)[256], int64_t i, i
                              int r1) {
     const int64_t n0 = g * GROUP, cols = a->F - n0 < GROUP ? a->F - n0 : GROUP;
     const __mmask16 keep = cols == GROUP ? 0xFFFF : (__mmask16)((1u << cols) - 1);
-    const __m512 one = _mm512_set1_ps(1.0f);
     for (int r = r0; r < r1 && i + r < a->M; r++) {
         const float *cg = c[2 * (r / TILE)] + (r % TILE) * 16, *cu = cg + 256;
-        const __m512 x = _mm512_load_ps(cg);
-        /* e^-g capped at e^88, as vexp.h's silu_mul (a reciprocal estimate of inf is NaN) */
-        const __m512 e = vexp16(_mm512_min_ps(_mm512_set1_ps(88.0f),
-                                              _mm512_sub_ps(_mm512_setzero_ps(), x)));
-        const __m512 y = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_load_ps(cu));
+        const __m512 y = silu_mul16(_mm512_load_ps(cg), _mm512_load_ps(cu));
         _mm256_mask_storeu_epi16(a->out + (i + r) * a->F + n0, keep,
                                  (__m256i)_mm512_cvtneps_pbh(y));
     }

@@ -62,19 +62,21 @@ ROW_REDUCE(max_of, _mm512_max_ps, _mm512_set1_ps(-INFINITY), _mm512_reduce_max_p
 ROW_REDUCE(sum_of, _mm512_add_ps, _mm512_setzero_ps(), _mm512_reduce_add_ps, _mm512_mask_add_ps)
 #undef ROW_REDUCE
 
-/* out[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u, i < d. */
+/* silu(g) * u = g / (1 + e^-g) * u, 16 lanes: SiLU-and-mul's one rule (silu_mul below and
+ * swiglu_amx.c's fold). e^-g is capped at e^88 (finite): -ffast-math turns the division into a
+ * reciprocal estimate and a Newton step, which gives NaN for an infinite divisor. */
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+    const __m512 e = vexp16(_mm512_min_ps(_mm512_set1_ps(88.0f),
+                                          _mm512_sub_ps(_mm512_setzero_ps(), g)));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+/* out[i] = silu(g[i]) * u[i], i < d. */
 static inline void silu_mul(const float *g, const float *u, float *out, int64_t d) {
-    const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < d; i += 16) {
         const __mmask16 m = d - i >= 16 ? 0xFFFF : (__mmask16)((1u << (d - i)) - 1);
-        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-        /* e^-g capped at e^88 (finite): -ffast-math turns the division into a reciprocal
-         * estimate and a Newton step, which gives NaN for an infinite divisor. */
-        const __m512 e = vexp16(_mm512_min_ps(_mm512_set1_ps(88.0f),
-                                              _mm512_sub_ps(_mm512_setzero_ps(), x)));
-        const __m512 y = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
-                                       _mm512_maskz_loadu_ps(m, u + i));
-        _mm512_mask_storeu_ps(out + i, m, y);
+        _mm512_mask_storeu_ps(out + i, m, silu_mul16(_mm512_maskz_loadu_ps(m, g + i),
+                                                     _mm512_maskz_loadu_ps(m, u + i)));
     }
 }
 #else
