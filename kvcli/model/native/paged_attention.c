@@ -56,6 +56,8 @@ typedef struct {
 
 typedef struct {
     int64_t *rows; /* [n]: each context token's offset in the cache (elements, all KV heads) */
+    int64_t *next; /* the same for the thread's next sequence, n_next tokens (0: none) */
+    int64_t n_next;
     float *p;      /* [H, n]: scores, then exp(score - max) */
     float *qsum;   /* [3H]: sum(q) (a converted cache's bias term), 1 / softmax sum, and */
     float *inv, *bsum; /* sum_t p_t bias_t, per query head */
@@ -89,6 +91,19 @@ static AI void prefetch_token(const kv_t *k, const kv_t *v, const int64_t *rows,
         if (t + AHEAD < n) __builtin_prefetch(kr + b, 0, 3);
         __builtin_prefetch(vr + b, 0, 2); /* V is read in the second pass, from L2 */
     }
+}
+
+/* K rows the values pass prefetches into L2 (the thread's next sequence), one per token. */
+typedef struct {
+    const kv_t *k;
+    const int64_t *rows;
+    int64_t n;
+} ahead_t;
+
+/* One cache row of head size D into L2. */
+static AI void prefetch_row(const kv_t *row, int64_t D) {
+    for (int64_t b = 0; b < kv_row(D) * (int64_t)sizeof(kv_t); b += 64)
+        __builtin_prefetch((const char *)row + b, 0, 2);
 }
 
 #if defined(VECTORS)
@@ -126,15 +141,17 @@ static AI void qk_block(const float *q, int64_t h0, const int nh, const int64_t 
 #endif
 
 /* Output chunk [c0, c0 + nv * VW) of query heads [h0, h0 + nh) (KV head g): sum_t p_t * sc_t *
- * u_t over the whole context, in registers; *bsum gets sum_t p_t bias_t per head. */
+ * u_t over the whole context, in registers; *bsum gets sum_t p_t bias_t per head. `ahead`
+ * holds the K rows (of KV head g) to prefetch into L2 meanwhile, one per token. */
 static AI void pv_chunk(const float *p, int64_t n, int64_t h0, const int nh, const int64_t D,
                         const kv_t *v, const int64_t *rows, int64_t g, int64_t c0, const int nv,
-                        float inv[], float bsum[], float *o) {
+                        float inv[], float bsum[], float *o, const ahead_t *ahead) {
     vf acc[HC][4];
     float bs[HC] = {0};
     for (int i = 0; i < nh; i++)
         for (int c = 0; c < nv; c++) acc[i][c] = VZERO();
     for (int64_t t = 0; t < n; t++) {
+        if (t < ahead->n) prefetch_row(ahead->k + ahead->rows[t] + g * kv_row(D), D);
         const kv_t *u = v + rows[t] + g * kv_row(D);
         float sc, bias;
         kv_params(u, D, &sc, &bias);
@@ -230,17 +247,22 @@ static AI void scores_vec(const float *q, int64_t H, int64_t Hkv, const int64_t 
     }
 }
 
-/* Pass 2: the outputs, per KV head, chunk of 4 vectors of D (or 1) and HC query heads. */
+/* Pass 2: the outputs, per KV head, chunk of 4 vectors of D (or 1) and HC query heads. Its V
+ * rows come from L2 and the memory would idle: the next sequence's K rows are fetched meanwhile
+ * (`ahead`, by the first chunk of each KV head), so its scores pass starts on them in L2. */
 static AI void values_vec(const float *p, int64_t n, int64_t H, int64_t Hkv, const int64_t D,
-                          const kv_t *v, const int64_t *rows, float *inv, float *bsum, float *o) {
+                          const kv_t *v, const int64_t *rows, float *inv, float *bsum, float *o,
+                          const ahead_t *ahead) {
+    const ahead_t none = {ahead->k, ahead->rows, 0};
     const int64_t group = H / Hkv, wide = D % (4 * VW) == 0 ? 4 : 1;
     for (int64_t g = 0; g < Hkv; g++)
         for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += HC) {
             const int64_t nh = (g + 1) * group - h0 < HC ? (g + 1) * group - h0 : HC;
             for (int64_t c0 = 0; c0 < D; c0 += wide * VW) {
+                const ahead_t *pf = c0 == 0 && h0 == g * group ? ahead : &none;
 #define PV(NH)                                                                                 \
-    if (wide == 4) pv_chunk(p, n, h0, NH, D, v, rows, g, c0, 4, inv, bsum, o);                 \
-    else pv_chunk(p, n, h0, NH, D, v, rows, g, c0, 1, inv, bsum, o)
+    if (wide == 4) pv_chunk(p, n, h0, NH, D, v, rows, g, c0, 4, inv, bsum, o, pf);             \
+    else pv_chunk(p, n, h0, NH, D, v, rows, g, c0, 1, inv, bsum, o, pf)
                 CASES(PV)
 #undef PV
             }
@@ -248,19 +270,30 @@ static AI void values_vec(const float *p, int64_t n, int64_t H, int64_t Hkv, con
 }
 #endif
 
-/* All query heads of sequence s. DIM is a compile-time head size where one is given (64, 128:
- * the inner loops unroll), else j->head_dim. */
-static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM) {
-    const int64_t D = DIM, Hkv = j->num_kv_heads, bs = j->block_size, H = j->num_heads;
-    const int64_t len = j->seq_lens[s], group = H / Hkv;
+/* Sequence s's context tokens' offsets in the cache into rows; returns their count. */
+static int64_t context_rows(const job_t *j, int64_t s, int64_t *rows) {
+    const int64_t bs = j->block_size, len = j->seq_lens[s];
     const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
-    const int64_t n = len - first, *table = j->block_tables + s * j->max_blocks;
-    const float *q = j->q + s * H * D;
-    float *o = j->out + s * H * D, *inv = w->inv, *bsum = w->bsum;
-    for (int64_t t = 0, blk = first / bs, off = first % bs; t < n; t++) { /* no division a token */
-        w->rows[t] = (table[blk] * bs + off) * Hkv * kv_row(D);
+    const int64_t *table = j->block_tables + s * j->max_blocks;
+    const int64_t row = j->num_kv_heads * kv_row(j->head_dim);
+    for (int64_t t = 0, blk = first / bs, off = first % bs; t < len - first; t++) {
+        rows[t] = (table[blk] * bs + off) * row; /* no division a token */
         if (++off == bs) off = 0, blk++;
     }
+    return len - first;
+}
+
+/* All query heads of sequence s, whose rows w->rows already holds; w->next gets the next
+ * sequence's (the thread's range ends at j->end). DIM is a compile-time head size where one
+ * is given (64, 128: the inner loops unroll), else j->head_dim. */
+static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM) {
+    const int64_t D = DIM, Hkv = j->num_kv_heads, H = j->num_heads;
+    const int64_t len = j->seq_lens[s], group = H / Hkv;
+    const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
+    const int64_t n = len - first;
+    const float *q = j->q + s * H * D;
+    float *o = j->out + s * H * D, *inv = w->inv, *bsum = w->bsum;
+    w->n_next = s + 1 < j->end ? context_rows(j, s + 1, w->next) : 0;
     const int8_t *qc = NULL; /* the heads rounded to int8, where the scores are integer */
 #if defined(INT_SCORES)
     if (kv8_int_scores(D)) {
@@ -281,7 +314,8 @@ static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM
     if (D % VW == 0) {
         scores_vec(q, H, Hkv, D, j->k, j->v, w->rows, n, w->qsum, j->scale, w->p, qc, w->qs);
         softmax_rows(w->p, H, n, inv);
-        values_vec(w->p, n, H, Hkv, D, j->v, w->rows, inv, bsum, o);
+        const ahead_t ahead = {j->k, w->next, w->n_next};
+        values_vec(w->p, n, H, Hkv, D, j->v, w->rows, inv, bsum, o, &ahead);
         return;
     }
 #endif
@@ -301,19 +335,25 @@ static void run_job(const void *jobs, int64_t t, int64_t n) {
     int64_t longest = 1;
     for (int64_t s = j->begin; s < j->end; s++)
         longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
-    scratch_t w = {malloc(sizeof(int64_t) * longest),
+    scratch_t w = {malloc(sizeof(int64_t) * longest), malloc(sizeof(int64_t) * longest), 0,
                    malloc(sizeof(float) * j->num_heads * longest),
                    malloc(sizeof(float) * j->num_heads * 4), NULL, NULL,
                    malloc((size_t)(j->num_heads * j->head_dim)), NULL};
-    if (!w.rows || !w.p || !w.qsum || !w.qc) {
+    if (!w.rows || !w.next || !w.p || !w.qsum || !w.qc) {
         j->status = 1;
     } else {
         w.inv = w.qsum + j->num_heads, w.bsum = w.inv + j->num_heads, w.qs = w.bsum + j->num_heads;
         void (*fn)(const job_t *, int64_t, scratch_t *) =
             j->head_dim == 64 ? attend_64 : j->head_dim == 128 ? attend_128 : attend_any;
-        for (int64_t s = j->begin; s < j->end; s++) fn(j, s, &w);
+        if (j->begin < j->end) context_rows(j, j->begin, w.rows);
+        for (int64_t s = j->begin; s < j->end; s++) {
+            fn(j, s, &w);
+            int64_t *done = w.rows; /* the next sequence's rows become the current ones */
+            w.rows = w.next, w.next = done;
+        }
     }
     free(w.rows);
+    free(w.next);
     free(w.p);
     free(w.qsum);
     free(w.qc);
