@@ -8,6 +8,7 @@ is also the tied output layer. Norms stay float32, and so do activations and the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,10 +89,12 @@ def _stack(parts: list[QuantWeight]) -> QuantWeight | StackedWeight:
     return QuantWeight(parts[0].kind, data, (out_features, parts[0].shape[1]))
 
 
-def _pack_model(model: nn.Module, prefill: str | None = None,
-                few_rows: str | None = None) -> None:
+def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | None = None,
+                release: Callable[[], None] | None = None) -> None:
     """gguf-int and int8: every quantized matrix repacked for the integer kernels, whose variant
-    the model's routes then name (chosen here, once, from the CPU's flags). ``prefill``
+    the model's routes then name (chosen here, once, from the CPU's flags). ``release``, called
+    after each matrix: drops the source pages its repacking read (a GGUF's), so the file's
+    pages and the repacked copies never count in full together. ``prefill``
     "bfloat16" (fast on AMX-BF16, precision.py): each Linear's matrix also keeps a bfloat16
     copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (:func:`_takes_copy`);
     ``few_rows`` "int8" (fast on AMX-INT8): an int8 copy per channel that its matmuls of
@@ -124,6 +127,8 @@ def _pack_model(model: nn.Module, prefill: str | None = None,
                 module.weight = packed
             else:
                 _set_linear_weight(module, packed)
+        if release is not None and isinstance(weight, QuantWeight | StackedWeight):
+            release()
     if routes.bf16_prefill_rows:
         _narrow_norms(model)
 
@@ -230,8 +235,9 @@ def load_gguf_model(model: nn.Module, path: Path, integer: bool = False,
     missing = sorted(set(params) - loaded)
     if missing:
         raise QuantError(f"{path}: no tensor for {', '.join(missing[:5])}")
+    weights.release_pages()  # the stacked q/k/v and gate/up read theirs: copies now
     if integer:
-        _pack_model(model, prefill, few_rows)
+        _pack_model(model, prefill, few_rows, release=weights.release_pages)
     model = _finish(model)
     weights.release_pages()
     return model
