@@ -26,7 +26,7 @@ from kvcli.cli import main
 from kvcli.model import native
 from kvcli.model.gguf_convert import resolve_model
 from kvcli.model.loader import load_model
-from kvcli.model.quant import QuantError
+from kvcli.model.quant import QuantError, apply
 from kvcli.model.quant.gguf_file import read_gguf
 from kvcli.model.quant.int_weights import IntWeight
 from kvcli.model.quant.load import load_quantized
@@ -247,8 +247,6 @@ def test_gguf_int_repacks_without_holding_the_files_pages(quant_gguf, kvcli_home
     """The repacked copies and the GGUF's pages never count in full together (the default
     model's load peaked ~100 MB above its steady state): each matrix's source pages are
     dropped once it is repacked, so when the next one starts at most one is resident."""
-    from kvcli.model.quant import apply
-
     model_dir = resolve_model(str(quant_gguf), quantization="gguf-int")
     source = gguf_source(model_dir).resolve()
     seen, sizes, real_pack = [], [], apply.pack

@@ -57,7 +57,7 @@ typedef struct {
 typedef struct {
     int64_t *rows; /* [n]: each context token's offset in the cache (elements, all KV heads) */
     int64_t *next; /* the same for the thread's next sequence, n_next tokens (0: none) */
-    int64_t n_next;
+    int64_t n, n_next;
     float *p;      /* [H, n]: scores, then exp(score - max) */
     float *qsum;   /* [3H]: sum(q) (a converted cache's bias term), 1 / softmax sum, and */
     float *inv, *bsum; /* sum_t p_t bias_t, per query head */
@@ -283,14 +283,11 @@ static int64_t context_rows(const job_t *j, int64_t s, int64_t *rows) {
     return len - first;
 }
 
-/* All query heads of sequence s, whose rows w->rows already holds; w->next gets the next
+/* All query heads of sequence s, whose w->n rows w->rows already holds; w->next gets the next
  * sequence's (the thread's range ends at j->end). DIM is a compile-time head size where one
  * is given (64, 128: the inner loops unroll), else j->head_dim. */
 static AI void attend(const job_t *j, int64_t s, scratch_t *w, const int64_t DIM) {
-    const int64_t D = DIM, Hkv = j->num_kv_heads, H = j->num_heads;
-    const int64_t len = j->seq_lens[s], group = H / Hkv;
-    const int64_t first = (j->window > 0 && len > j->window) ? len - j->window : 0;
-    const int64_t n = len - first;
+    const int64_t D = DIM, Hkv = j->num_kv_heads, H = j->num_heads, group = H / Hkv, n = w->n;
     const float *q = j->q + s * H * D;
     float *o = j->out + s * H * D, *inv = w->inv, *bsum = w->bsum;
     w->n_next = s + 1 < j->end ? context_rows(j, s + 1, w->next) : 0;
@@ -335,7 +332,7 @@ static void run_job(const void *jobs, int64_t t, int64_t n) {
     int64_t longest = 1;
     for (int64_t s = j->begin; s < j->end; s++)
         longest = j->seq_lens[s] > longest ? j->seq_lens[s] : longest;
-    scratch_t w = {malloc(sizeof(int64_t) * longest), malloc(sizeof(int64_t) * longest), 0,
+    scratch_t w = {malloc(sizeof(int64_t) * longest), malloc(sizeof(int64_t) * longest), 0, 0,
                    malloc(sizeof(float) * j->num_heads * longest),
                    malloc(sizeof(float) * j->num_heads * 4), NULL, NULL,
                    malloc((size_t)(j->num_heads * j->head_dim)), NULL};
@@ -345,11 +342,11 @@ static void run_job(const void *jobs, int64_t t, int64_t n) {
         w.inv = w.qsum + j->num_heads, w.bsum = w.inv + j->num_heads, w.qs = w.bsum + j->num_heads;
         void (*fn)(const job_t *, int64_t, scratch_t *) =
             j->head_dim == 64 ? attend_64 : j->head_dim == 128 ? attend_128 : attend_any;
-        if (j->begin < j->end) context_rows(j, j->begin, w.rows);
+        if (j->begin < j->end) w.n = context_rows(j, j->begin, w.rows);
         for (int64_t s = j->begin; s < j->end; s++) {
             fn(j, s, &w);
             int64_t *done = w.rows; /* the next sequence's rows become the current ones */
-            w.rows = w.next, w.next = done;
+            w.rows = w.next, w.next = done, w.n = w.n_next;
         }
     }
     free(w.rows);
