@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mapped_pages import SMAPS, resident_kb
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -17,7 +18,13 @@ from kvcli.model.attention import (
     build_attention_metadata,
     kv_cache_bytes_per_block,
 )
-from kvcli.model.loader import ModelLoadError, load_model, read_eos_token_ids, read_model_config
+from kvcli.model.loader import (
+    ModelLoadError,
+    checkpoint_tensors,
+    load_model,
+    read_eos_token_ids,
+    read_model_config,
+)
 from kvcli.model.registry import supported_architectures
 
 
@@ -192,3 +199,22 @@ def test_kv_cache_sizing(tmp_path: Path) -> None:
     assert cache.shape == (2, 2, 160, 2, 8)
     per_block = kv_cache_bytes_per_block(model, 16, torch.float32)
     assert per_block * 10 == cache.numel() * cache.element_size() == 2 * 2 * 16 * 2 * 8 * 4 * 10
+
+
+@pytest.mark.skipif(not SMAPS.exists(), reason="reads /proc/self/smaps")
+def test_safetensors_are_read_without_holding_the_file(tmp_path: Path) -> None:
+    """Each tensor comes from a mapping of its own, closed before the next: one mapping of the
+    whole file kept every page it had read resident beside the model's copy (the float32
+    default model's load peaked at twice its weights)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    file = (tmp_path / "model.safetensors").resolve()
+    seen, sizes = [], []
+    for _, _, tensor in checkpoint_tensors(tmp_path):
+        seen.append(resident_kb(file))
+        # kB, and the kernel's fault-around (a file's pages are mapped 64 kB at a time) at each end
+        sizes.append(tensor.numel() * tensor.element_size() // 1024 + 128)
+    assert len(seen) > 3 and sum(sizes) > 2 * max(sizes)  # holding them all would show
+    assert max(seen) <= max(sizes), (seen, sizes)

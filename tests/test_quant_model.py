@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from mapped_pages import SMAPS, resident_kb
 from quant_runs import PROMPT, check_gguf_int_is_gguf_on_q8_0, greedy, python_matmuls, q8_0
 from tiny_models import make_tiny_gguf
 
@@ -230,18 +231,7 @@ def test_gguf_int_without_native_kernels_is_a_clear_error(quant_gguf, monkeypatc
     assert res.exit_code == 2 and "gguf-int needs the native kernels" in res.output
 
 
-def _resident_kb(path: Path) -> int:
-    """This process's resident kB of the file at ``path`` (its mappings in /proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-            inside = line.rstrip().endswith(str(path))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
-
-
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+@pytest.mark.skipif(not SMAPS.exists(), reason="reads /proc/self/smaps")
 @pytest.mark.parametrize("quant_gguf", ["llama"], indirect=True)
 def test_gguf_int_repacks_without_holding_the_files_pages(quant_gguf, kvcli_home, monkeypatch):
     """The repacked copies and the GGUF's pages never count in full together (the default
@@ -252,7 +242,7 @@ def test_gguf_int_repacks_without_holding_the_files_pages(quant_gguf, kvcli_home
     seen, sizes, real_pack = [], [], apply.pack
 
     def pack(weight, *args, **kwargs):
-        seen.append(_resident_kb(source))
+        seen.append(resident_kb(source))
         sizes.append(weight.data.numel() // 1024 + 8)  # kB, and two pages at its ends
         return real_pack(weight, *args, **kwargs)
 

@@ -77,8 +77,15 @@ def checkpoint_tensors(model_dir: Path, allow_pickle: bool = False) -> Iterator[
         for file in files:
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as handle:
-                    for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
-                        yield file.name, name, handle.get_tensor(name)
+                    names = list(handle.keys())
+                # One mapping per tensor: a mapping's pages count in this process's RSS until
+                # it is closed, so one open for the whole file held all of it beside the
+                # model's copy (the float32 default model's load peaked at twice its weights).
+                for name in names:
+                    with safe_open(str(file), framework="pt", device="cpu") as handle:
+                        tensor = handle.get_tensor(name)
+                    yield file.name, name, tensor
+                    del tensor
             except SafetensorError as err:
                 _raise_if_converted(model_dir, file, err)
                 raise
