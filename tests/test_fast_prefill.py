@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from test_precision import BF16_CPU, with_flags
@@ -17,9 +18,9 @@ from kvcli.model import native
 from kvcli.model.decoder import GatedMLP
 from kvcli.model.packed import PackedWeight, SwiGLU
 from kvcli.model.precision import PrecisionError, resolve_precision
-from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, pack
+from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, IntWeight, pack
 from kvcli.model.quant.weights import Q4_1
-from kvcli.model.routes import process_routes
+from kvcli.model.routes import KernelRoutes, process_routes
 from kvcli.sampling_params import SamplingParams
 
 ZEN4 = {"avx512f", "avx512_bf16", "avx512_vnni"}  # native bf16, no AMX
@@ -41,14 +42,19 @@ def test_fast_takes_bf16_prefill_on_amx_only(monkeypatch):
         assert "bfloat16 prefill matmuls" in resolve_precision(
             "fast", None, "cpu", quantization="gguf-int").label
         assert resolve_precision("fast", None, "cpu", may_quantize=True).prefill == "bfloat16"
-    with_flags(monkeypatch, ZEN4)  # not measured faster there: integers at every row count
+    with_flags(monkeypatch, ZEN4)  # AVX512-VNNI without AMX: a GGUF's int8 copy per channel
+    assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill == "int8"
+    assert resolve_precision("fast", None, "cpu", quantization="int8").prefill is None  # int8
+    with_flags(monkeypatch, {"avx2", "fma"})  # unmeasured there: the blocks at every row count
     assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill is None
 
 
 def test_kvcli_fast_prefill_overrides_and_is_checked(monkeypatch):
     with_flags(monkeypatch, BF16_CPU)
-    monkeypatch.setenv("KVCLI_FAST_PREFILL", "int8")
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "blocks")
     assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill is None
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "int8")
+    assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill == "int8"
     monkeypatch.setenv("KVCLI_FAST_PREFILL", "bfloat16")
     with_flags(monkeypatch, ZEN4)
     assert resolve_precision("fast", None, "cpu", quantization="gguf-int").prefill == (
@@ -61,12 +67,17 @@ def test_kvcli_fast_prefill_overrides_and_is_checked(monkeypatch):
         resolve_precision("fast", None, "cpu", quantization="gguf-int")
 
 
+def packed_with_copy(**rows: int) -> tuple[np.ndarray, KernelRoutes, IntWeight, IntWeight]:
+    """A 48 x 64 Q4_1 matrix's values, routes whose copy runs from ``rows`` (a KernelRoutes
+    field), and the matrix packed without and with that copy."""
+    weight, dense = gguf_weight(Q4_1, 48, 64, seed=3)
+    routes = replace(process_routes(), int_matmul=native.qint_variant(native.load()), **rows)
+    return dense, routes, pack(weight, routes), pack(weight, routes, wide=torch.from_numpy(dense))
+
+
 @needs_both
 def test_many_rows_run_the_bf16_copy_and_few_the_integers():
-    weight, dense = gguf_weight(Q4_1, 48, 64, seed=3)
-    routes = replace(process_routes(), int_matmul=native.qint_variant(native.load()),
-                     bf16_prefill_rows=8)
-    plain, wide = pack(weight, routes), pack(weight, routes, wide=torch.from_numpy(dense))
+    dense, _, plain, wide = packed_with_copy(bf16_prefill_rows=8)
     assert plain.wide is None and isinstance(wide.wide, PackedWeight)
     assert wide.nbytes == plain.nbytes + 2 * 48 * 64
     few, many = torch.randn(7, 64), torch.randn(2, 4, 64)  # 8 rows in a [2, 4] batch
@@ -101,7 +112,7 @@ def test_fast_engine_prefills_from_the_copy_and_keys_its_cache_apart(tiny_models
     prompt = [(7 * i) % 200 + 3 for i in range(BF16_PREFILL_ROWS + 9)]
     out = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4 and calls  # the long prefill took the copy
-    monkeypatch.setenv("KVCLI_FAST_PREFILL", "int8")
+    monkeypatch.setenv("KVCLI_FAST_PREFILL", "blocks")
     plain = LLM(str(tiny_models["llama"]), precision="fast", quantization="int8")
     assert plain.engine.model.routes.bf16_prefill_rows == 0
     assert weights_form(plain.engine.config, plain.engine.model) == f"int8{few}"

@@ -160,10 +160,11 @@ def weights_form(config: Any, model: Any) -> str | None:
     an engine built around a model passed in (the bench, tests) runs that model as it is,
     float unless the config names a quantized mode."""
     if config.quantization not in (None, "auto", "none"):
-        # fast's bfloat16 prefill (quant/int_weights.py) and int8 batched decode (quant/w8a8.py)
-        # copies compute other K/V than the integers on the weights' own blocks
+        # fast's bfloat16 or int8 prefill (quant/int_weights.py) and int8 batched decode
+        # (quant/w8a8.py) copies compute other K/V than the integers on the weights' own blocks
         routes = getattr(model, "routes", None)
         wide = " with bfloat16 prefill" if getattr(routes, "bf16_prefill_rows", 0) else ""
+        wide += " with int8 prefill" if getattr(routes, "i8_prefill_rows", 0) else ""
         if wide and any(getattr(getattr(m, "wide", None), "tiles", False) for m in model.modules()):
             wide += " (MLP front on AMX-BF16 tiles)"  # packed.SwiGLU: oneDNN's sums, reordered
         few = " with int8 batched decode" if getattr(routes, "w8a8_rows", 0) else ""

@@ -144,7 +144,7 @@ class NativeStep:
         runs it on, as the batched path would (routes.py; one row is ``__call__``'s)."""
         r = self.routes
         rules = {BLOCK_KERNEL: r.qgemm_takes, FLOAT_KERNEL: r.native_gemm_takes,
-                 INT_KERNEL: lambda n: not r.bf16_copy_rows(n)}
+                 INT_KERNEL: lambda n: not r.prefill_copy_rows(n)}
         return rows > 1 and all(rules[k](rows) for k in self._kernels)
 
     def rows(self, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -164,21 +164,33 @@ def fast_choice(device: str, quantization: str | None = None,
 
 
 def _fast_prefill(quantization: str) -> str | None:
-    """fast's prefill on integer-kernel weights: "bfloat16" where the CPU has AMX-BF16, whose
-    tiles multiply a bfloat16 copy of the weights (oneDNN) faster than the integer kernels at
-    many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.5-1.9x AMX-INT8 at 1,024 rows,
-    1.4x at 80, slower at 64; docs/BENCHMARKS.md, 2026-12-06 late night), else None.
-    KVCLI_FAST_PREFILL=int8 keeps every row count integer; =bfloat16 asks for the copy wherever
-    bf16 is native (PrecisionError elsewhere). Not taken without AMX: unmeasured there."""
+    """fast's many-row matmuls on integer-kernel weights: "bfloat16" where the CPU has
+    AMX-BF16, whose tiles multiply a bfloat16 copy of the weights (oneDNN) faster than the
+    integer kernels at many rows (Xeon with AMX, one SmolLM2 layer, 2 threads: 1.5-1.9x
+    AMX-INT8 at 1,024 rows, 1.4x at 80, slower at 64; docs/BENCHMARKS.md, 2026-12-06 late
+    night); "int8" for a GGUF where AVX512-VNNI runs the integer kernels without AMX: an int8
+    copy per channel of its blocks, whose fold is one multiply-add a block where Q4_1's is three
+    (Zen 4, all 30 layers: 1.05-1.11x from 64 rows; docs/BENCHMARKS.md, 2026-12-07 tenth
+    session); else None (the weights' own blocks at every row count, as on AVX2 and AVX-VNNI:
+    unmeasured there). KVCLI_FAST_PREFILL=blocks keeps the blocks; =int8 asks for the int8
+    copy of a GGUF's blocks; =bfloat16 for the bfloat16 copy wherever bf16 is native
+    (PrecisionError elsewhere)."""
     if activations(quantization) != INT8_ACTIVATIONS:
         return None  # float32 activations (gguf): no integer kernels to stand in for
     wanted, flags = os.environ.get("KVCLI_FAST_PREFILL", ""), cpu_flags()
-    if wanted not in ("", "int8", "bfloat16"):
-        raise PrecisionError(f"KVCLI_FAST_PREFILL={wanted!r}: expected int8 or bfloat16")
+    if wanted not in ("", "blocks", "int8", "bfloat16"):
+        raise PrecisionError(f"KVCLI_FAST_PREFILL={wanted!r}: expected blocks, int8 or bfloat16")
     if wanted == "bfloat16" and not _has("bfloat16", _NATIVE, flags):
         raise PrecisionError("KVCLI_FAST_PREFILL=bfloat16: this CPU has no native bfloat16 "
                              "(avx512_bf16 or amx_bf16 not in /proc/cpuinfo flags)")
-    return "bfloat16" if wanted == "bfloat16" or (not wanted and "amx_bf16" in flags) else None
+    if wanted:
+        copy = wanted if wanted != "blocks" else None
+    elif "amx_bf16" in flags:
+        copy = "bfloat16"
+    else:
+        copy = "int8" if "avx512_vnni" in flags else None
+    # int8 weights are the int8 copy's own form already
+    return None if copy == "int8" and quantization != "gguf-int" else copy
 
 
 def _fast_few_rows(quantization: str) -> str | None:

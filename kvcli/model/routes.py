@@ -73,6 +73,10 @@ class KernelRoutes:
     # fast on AMX-INT8 (Precision.few_rows): integer-kernel matmuls of at least this many rows
     # (and below bf16_prefill_rows) run their weights' int8 copy (quant/w8a8.py); 0: never.
     w8a8_rows: int = 0
+    # fast on AVX512-VNNI without AMX (Precision.prefill "int8"): integer-kernel matmuls of at
+    # least this many rows run an int8-per-channel copy of their GGUF blocks on the same
+    # kernels (one multiply-add a block where Q4_1 folds three; quant/int_weights.py); 0: never.
+    i8_prefill_rows: int = 0
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -120,6 +124,16 @@ class KernelRoutes:
         """Whether a matmul of ``rows`` rows runs fast's bfloat16 copy instead of the integer
         kernels (quant/int_weights.py, decoder.GatedMLP)."""
         return 0 < self.bf16_prefill_rows <= rows
+
+    def i8_copy_rows(self, rows: int) -> bool:
+        """Whether a matmul of ``rows`` rows runs fast's int8-per-channel prefill copy instead of
+        the integer kernels on the weights' own blocks (quant/int_weights.py)."""
+        return 0 < self.i8_prefill_rows <= rows
+
+    def prefill_copy_rows(self, rows: int) -> bool:
+        """Whether a matmul of ``rows`` rows runs one of fast's prefill copies (bfloat16 or
+        int8) rather than the weights' own blocks: native_step.py's decode steps never do."""
+        return self.bf16_copy_rows(rows) or self.i8_copy_rows(rows)
 
     def runs_bf16_copy(self, x: torch.Tensor) -> bool:
         """:meth:`bf16_copy_rows` for ``x``'s rows (of its last dimension)."""
@@ -193,6 +207,7 @@ class KernelRoutes:
         if self.int_matmul:
             copies = [(n, what) for n, what in (
                 (self.w8a8_rows, "an int8 copy per channel (activations per 64 values, AMX-INT8)"),
+                (self.i8_prefill_rows, "an int8 copy per channel (the same kernels)"),
                 (self.bf16_prefill_rows, "a bfloat16 copy through oneDNN")) if n]
             rows = (f"below {copies[0][0]} rows; " + "; ".join(f"from {n} {what}"
                                                               for n, what in copies)

@@ -22,7 +22,7 @@ from kvcli.model.loader import _destination  # the loader's own name mapping (fu
 from kvcli.model.packed import SwiGLU
 from kvcli.model.quant import QuantError
 from kvcli.model.quant.gguf_weights import gguf_weights
-from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, IntWeight, pack
+from kvcli.model.quant.int_weights import BF16_PREFILL_ROWS, I8_PREFILL_ROWS, IntWeight, pack
 from kvcli.model.quant.w8a8 import W8A8_ROWS
 from kvcli.model.quant.weights import QuantWeight, StackedWeight, quantize_int8
 from kvcli.model.routes import KernelRoutes
@@ -98,7 +98,9 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
     "bfloat16" (fast on AMX-BF16, precision.py): each Linear's matrix also keeps a bfloat16
     copy that its matmuls of ``BF16_PREFILL_ROWS`` rows or more run (:func:`_takes_copy`);
     ``few_rows`` "int8" (fast on AMX-INT8): an int8 copy per channel that its matmuls of
-    ``W8A8_ROWS`` rows up to that run (quant/w8a8.py)."""
+    ``W8A8_ROWS`` rows up to that run (quant/w8a8.py). ``prefill`` "int8" (fast on a GGUF
+    where AVX512-VNNI runs without AMX): an int8 copy per channel of each Linear's blocks, run
+    by its matmuls of ``I8_PREFILL_ROWS`` rows or more."""
     lib = model.routes.native
     if lib is None:
         raise QuantError("--quantization gguf-int needs the native kernels (a C compiler, "
@@ -106,6 +108,7 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
     try:
         routes = replace(model.routes, int_matmul=native.qint_variant(lib),
                          bf16_prefill_rows=BF16_PREFILL_ROWS if prefill == "bfloat16" else 0,
+                         i8_prefill_rows=I8_PREFILL_ROWS if prefill == "int8" else 0,
                          w8a8_rows=W8A8_ROWS if few_rows == "int8" else 0)
     except ValueError as err:
         raise QuantError(f"--quantization gguf-int: {err}") from None
@@ -115,7 +118,8 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
     for module in model.modules():
         weight = getattr(module, "weight", None)
         copies = _takes_copy(model, module)
-        wide = routes.bf16_prefill_rows > 0 and id(module) not in fused and copies
+        wide = bool(routes.bf16_prefill_rows or routes.i8_prefill_rows) and copies and (
+            id(module) not in fused)
         few = routes.w8a8_rows > 0 and (copies or _output_layer(model, module))
         if isinstance(weight, StackedWeight):
             weight.parts = [_pack_part(p, routes, wide, few) for p in weight.parts]

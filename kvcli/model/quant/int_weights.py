@@ -14,7 +14,10 @@ copy of its own values (model/packed.py, oneDNN's layout), which its matmuls of
 ``BF16_PREFILL_ROWS`` rows or more run instead: AMX-BF16 tiles sum over the whole K with no
 per-block folding, where AMX-INT8's sums must be scaled and added per 32-value block. Where
 the CPU has AMX-INT8 it also keeps an int8 copy per output channel (quant/w8a8.py), which its
-matmuls of ``w8a8_rows`` rows up to that (batched decode steps) run.
+matmuls of ``w8a8_rows`` rows up to that (batched decode steps) run. On AVX512-VNNI without
+AMX, a GGUF's matrices keep an int8 copy per output channel for their matmuls of
+``I8_PREFILL_ROWS`` rows or more, on these same kernels: its fold is one multiply-add a block
+where Q4_1's is three, and the copy's twice the bytes only pay where rows are many.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kvcli.model.quant.weights import (
     Q8_0,
     QuantWeight,
     _AsArray,
+    quantize_int8,
 )
 from kvcli.model.routes import KernelRoutes
 
@@ -45,6 +49,10 @@ from kvcli.model.routes import KernelRoutes
 # 1.9-2.1 vs 1.0-1.3; 1,024 rows 11.3-12.9 vs 6.9-7.5; docs/BENCHMARKS.md, 2026-12-06 late
 # night).
 BF16_PREFILL_ROWS = 80
+# Row count from which fast's int8 prefill copy runs (Zen 4, all 30 SmolLM2-135M layers' matmuls
+# in turn, Q4_1 blocks' time / the copy's: 1 row 0.84, 8 0.94, 32 0.76, 64 1.05, 128 1.06, 512
+# 1.11; docs/BENCHMARKS.md, 2026-12-07 tenth session): above every batched decode step.
+I8_PREFILL_ROWS = 80
 INT_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
              I8: "int8"}
 
@@ -61,6 +69,7 @@ class IntWeight(_AsArray):
     routes: KernelRoutes | None = field(default=None, repr=False)
     wide: PackedWeight | None = field(default=None, repr=False)  # fast's bf16 copy (AMX)
     few: W8Weight | None = field(default=None, repr=False)  # fast's int8 copy (AMX-INT8)
+    i8: IntWeight | None = field(default=None, repr=False)  # fast's int8 prefill copy (VNNI)
 
     dtype = torch.float32
     device = torch.device("cpu")
@@ -70,7 +79,8 @@ class IntWeight(_AsArray):
         wide = 0 if self.wide is None else 2 * self.shape[0] * self.shape[1]
         few = 0 if self.few is None else self.few.nbytes
         source = 0 if self.source is None else self.source.nbytes
-        return self.packed.numel() + wide + few + source
+        i8 = 0 if self.i8 is None else self.i8.nbytes
+        return self.packed.numel() + wide + few + source + i8
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None,
                routes: KernelRoutes | None = None) -> torch.Tensor:
@@ -82,6 +92,8 @@ class IntWeight(_AsArray):
             return self.wide.linear(x, bias)
         if self.few is not None and routes.w8a8_copy_rows(rows):
             return self.few.linear(x, bias)
+        if self.i8 is not None and routes.i8_copy_rows(rows):
+            return self.i8.linear(x, bias, routes)
         lib = routes.native  # type: ignore[union-attr]
         x2 = x.reshape(-1, in_features).float().contiguous()
         y = x2.new_empty((x2.shape[0], out_features))
@@ -107,7 +119,8 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
          wide: torch.Tensor | None = None, few: torch.Tensor | None = None) -> IntWeight:
     """``weight`` repacked for the integer kernel of ``routes`` (its ``int_matmul`` variant);
     ``wide`` / ``few``: its float values (the float checkpoint's, or de-quantized), kept as a
-    bfloat16 copy for ``routes``' many-row calls / an int8 one for its few-row calls."""
+    copy for ``routes``' many-row calls (bfloat16, or int8 per channel on these kernels where
+    ``routes.i8_prefill_rows``) / an int8 one for its few-row calls."""
     if weight.kind not in INT_TYPES:
         runs = ", ".join(name for kind, name in INT_TYPES.items() if kind != I8)
         raise QuantError(f"--quantization gguf-int runs {runs} weights; this model has GGML "
@@ -129,5 +142,8 @@ def pack(weight: QuantWeight, routes: KernelRoutes, keep_source: bool = False,
     if wide is not None and routes.bf16_prefill_rows:
         copy = PackedWeight.of(wide.to(torch.bfloat16), PREFILL_ROWS_HINT)
     few_copy = W8Weight.of(few) if few is not None and routes.w8a8_rows else None
+    i8 = None
+    if wide is not None and routes.i8_prefill_rows and weight.kind != I8:
+        i8 = pack(quantize_int8(wide), routes)
     return IntWeight(weight.kind, packed, weight.shape, variant,
-                     weight if keep_source else None, routes, copy, few_copy)
+                     weight if keep_source else None, routes, copy, few_copy, i8)
