@@ -130,9 +130,15 @@ class KernelRoutes:
         the integer kernels on the weights' own blocks (quant/int_weights.py)."""
         return 0 < self.i8_prefill_rows <= rows
 
+    @property
+    def prefill_copy(self) -> bool:
+        """Whether the integer-kernel weights keep one of fast's prefill copies (bfloat16 or
+        int8; quant/apply.py makes them)."""
+        return self.bf16_prefill_rows > 0 or self.i8_prefill_rows > 0
+
     def prefill_copy_rows(self, rows: int) -> bool:
-        """Whether a matmul of ``rows`` rows runs one of fast's prefill copies (bfloat16 or
-        int8) rather than the weights' own blocks: native_step.py's decode steps never do."""
+        """Whether a matmul of ``rows`` rows runs one of fast's prefill copies rather than the
+        weights' own blocks: native_step.py's decode steps never do."""
         return self.bf16_copy_rows(rows) or self.i8_copy_rows(rows)
 
     def runs_bf16_copy(self, x: torch.Tensor) -> bool:

@@ -118,8 +118,7 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
     for module in model.modules():
         weight = getattr(module, "weight", None)
         copies = _takes_copy(model, module)
-        wide = bool(routes.bf16_prefill_rows or routes.i8_prefill_rows) and copies and (
-            id(module) not in fused)
+        wide = routes.prefill_copy and copies and id(module) not in fused
         few = routes.w8a8_rows > 0 and (copies or _output_layer(model, module))
         if isinstance(weight, StackedWeight):
             weight.parts = [_pack_part(p, routes, wide, few) for p in weight.parts]
