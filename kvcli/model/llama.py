@@ -202,6 +202,12 @@ class LlamaForCausalLM(nn.Module):
                     context.numpy(), kv_cache.numpy(),
                 )
                 return torch.from_numpy(hidden)
+        with self.routes.forward_threads():
+            return self._forward(input_ids, positions, attn_metadata, kv_cache)
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 attn_metadata: CommonAttentionMetadata, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The batched forward: a decode step in one native call, or the layers in turn."""
         meta = self.attention_backend.build_metadata(attn_metadata)  # once per step, for every layer
         step = None if self._numpy_decoder is None else self._numpy_decoder.native_step
         if step is not None and input_ids.shape[0] > 1:  # a batched decode step in one call

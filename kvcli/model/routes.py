@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,14 @@ class KernelRoutes:
     # least this many rows run an int8-per-channel copy of their GGUF blocks on the same
     # kernels (one multiply-add a block where Q4_1 folds three; quant/int_weights.py); 0: never.
     i8_prefill_rows: int = 0
+    # Every matmul of the model runs the native kernels (quant/apply.py): its forwards run on
+    # kvcli's own pool, torch's ops on one thread (native.own_pool).
+    own_pool: bool = False
+
+    def forward_threads(self) -> AbstractContextManager[None]:
+        """The threads a forward of the model runs on (``with routes.forward_threads():``):
+        native.own_pool where :attr:`own_pool`, else torch's team as set."""
+        return native.own_pool(self.native) if self.own_pool and self.native else nullcontext()
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -220,6 +229,8 @@ class KernelRoutes:
                     if copies else "every row count")
             matmul = (f"quantized weights: int8 activations, {self.int_matmul} ({rows}); "
                       f"float weights: {matmul}")
+        if self.own_pool:
+            matmul += "; forwards on kvcli's own threads (torch's ops on one)"
         return {"matmul": matmul, "elementwise": "native" if self.native is not None else "torch"}
 
 

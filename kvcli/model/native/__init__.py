@@ -14,6 +14,9 @@ import ctypes
 import logging
 import os
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -66,6 +69,7 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_quantize_kv.argtypes = [F32P, I64P, F32P, *[I64] * 5]
     lib.kvcli_quantize_kv.restype = None
     lib.kvcli_pool_team.argtypes, lib.kvcli_pool_team.restype = [I64], I64
+    lib.kvcli_pool_wide.argtypes, lib.kvcli_pool_wide.restype = [I64], I64
     lib.kvcli_gemm.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemm_nt.argtypes = [F32P, F32P, F32P, *[I64] * 4]
     lib.kvcli_gemv.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 3]
@@ -169,11 +173,37 @@ def qint_variant(lib: ctypes.CDLL) -> str:
     return runs[0]
 
 
+_pinned = threading.local()  # .threads: the count own_pool keeps for this thread's forward
+
+
 def num_threads() -> int:
     """Kernel threads: torch's intra-op thread count, so ``torch.set_num_threads`` (``--threads``,
     a Ray actor's CPU share) bounds these kernels too; KVCLI_NATIVE_THREADS overrides."""
+    pinned = getattr(_pinned, "threads", None)
+    if pinned is not None:
+        return pinned
     env = os.environ.get("KVCLI_NATIVE_THREADS")
     return max(1, int(env)) if env else torch.get_num_threads()
+
+
+@contextmanager
+def own_pool(lib: ctypes.CDLL) -> Iterator[None]:
+    """A forward whose every matmul runs these kernels (``KernelRoutes.own_pool``): torch's ops
+    (residual adds, the KV write) on one thread and the kernels' many-row calls on kvcli's pool,
+    with :func:`num_threads` kept. torch's team then never runs, so its threads do not spin on
+    the kernels' cores, and no call waits at its barrier for a thread on a core another process
+    holds: distinct on gguf-int with the second vCPU busy took 20-23 s on the team, 13.8 s so
+    (Zen 4; quiet, the two within noise: docs/BENCHMARKS.md, 2026-12-08)."""
+    outer, torch_threads = getattr(_pinned, "threads", None), torch.get_num_threads()
+    _pinned.threads = num_threads()
+    torch.set_num_threads(1)
+    was = lib.kvcli_pool_wide(1)
+    try:
+        yield
+    finally:
+        lib.kvcli_pool_wide(was)
+        torch.set_num_threads(torch_threads)
+        _pinned.threads = outer
 
 
 def _kernel(lib: ctypes.CDLL, name: str, kv_layer: torch.Tensor) -> Any:

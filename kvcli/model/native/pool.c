@@ -182,8 +182,13 @@ static int team_ready(void) {
     return pool.team;
 }
 
+/* Set by kvcli_pool_wide for the calling thread's forward (native.own_pool): its many-row calls
+ * run on this pool too. Its workers then spin ~20 us, as after any many-row call: spinning
+ * 300 us (KVCLI_SPIN_NS) was no faster on a quiet host and slower beside a busy core. */
+static _Thread_local int wide_on_pool;
+
 void kvcli_parallel_wide(task_fn fn, const void *args, int64_t n) {
-    if (!team_ready() || n <= 1 || n > POOL_MAX) {
+    if (wide_on_pool || !team_ready() || n <= 1 || n > POOL_MAX) {
         kvcli_parallel(fn, args, n, 0);
         return;
     }
@@ -197,6 +202,16 @@ void kvcli_parallel_wide(task_fn fn, const void *args, int64_t n) {
 int64_t kvcli_pool_team(int64_t on) {
     pool.team = on ? -1 : 0;
     return team_ready();
+}
+
+/* 1: the calling thread's many-row calls run on this pool, not torch's team: a forward whose
+ * torch ops run on one thread (every matmul native; routes.own_pool), so no team thread spins
+ * and, on a machine with a busy core, no call waits at the team's barrier for a thread the
+ * scheduler has not run (GOMP_parallel's end). Returns the previous setting. */
+int64_t kvcli_pool_wide(int64_t on) {
+    const int64_t was = wide_on_pool;
+    wide_on_pool = on != 0;
+    return was;
 }
 
 /* Which variant of the kernels this build holds: they are compiled on the machine with

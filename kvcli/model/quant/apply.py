@@ -109,7 +109,8 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
         routes = replace(model.routes, int_matmul=native.qint_variant(lib),
                          bf16_prefill_rows=BF16_PREFILL_ROWS if prefill == "bfloat16" else 0,
                          i8_prefill_rows=I8_PREFILL_ROWS if prefill == "int8" else 0,
-                         w8a8_rows=W8A8_ROWS if few_rows == "int8" else 0)
+                         w8a8_rows=W8A8_ROWS if few_rows == "int8" else 0,
+                         own_pool=prefill != "bfloat16" and _all_quantized(model))
     except ValueError as err:
         raise QuantError(f"--quantization gguf-int: {err}") from None
     model.routes = routes
@@ -134,6 +135,13 @@ def _pack_model(model: nn.Module, prefill: str | None = None, few_rows: str | No
             release()
     if routes.bf16_prefill_rows:
         _narrow_norms(model)
+
+
+def _all_quantized(model: nn.Module) -> bool:
+    """Whether every Linear holds quantized weights, which packing makes integer-kernel ones (or
+    refuses): then no matmul of the model runs torch's (routes.own_pool)."""
+    return all(isinstance(m.weight, QuantWeight | StackedWeight)
+               for m in model.modules() if isinstance(m, Linear))
 
 
 def _pack_part(part: QuantWeight, routes: KernelRoutes, wide: bool, few: bool) -> IntWeight:
