@@ -223,21 +223,24 @@ def test_norms_read_by_a_copy_hand_over_bfloat16(tiny_models, monkeypatch):
     assert torch.equal(mlp(layer.mlp_in(many)), wide)
 
 
-def test_residual_add_and_norm_in_one_pass_equal_apart():
-    """A bfloat16 product added into float32 rows and the sum's bf16 norm, in one pass, give
-    the widen-then-add and the norm's numbers bit for bit."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_residual_add_and_norm_in_one_pass_equal_apart(dtype):
+    """A product added into float32 rows and the sum's norm, in one pass, give the (widen-then-)
+    add and the norm's numbers bit for bit: a bfloat16 product (fast's copy's) with the norm
+    rounded to bfloat16, a float32 one (a pre-norm layer's residual adds) in float32."""
     routes = process_routes()
     if routes.native is None:
         pytest.skip("needs the native kernels")
     torch.manual_seed(0)
     x = torch.randn(83, 576) * 3
-    delta = torch.randn(83, 576).bfloat16()
+    delta = torch.randn(83, 576).to(dtype)
     weight = torch.randn(576)
     total, normed = routes.add_rms_norm(x, delta, weight, 1e-5)
     assert torch.equal(total, x + delta.float())
-    expect = native.rms_norm(routes.native, x + delta.float(), weight, 1e-5, narrow=True)
-    assert normed.dtype == torch.bfloat16 and torch.equal(normed.view(torch.int16),
-                                                          expect.view(torch.int16))
+    narrow = dtype == torch.bfloat16
+    expect = native.rms_norm(routes.native, x + delta.float(), weight, 1e-5, narrow=narrow)
+    assert normed.dtype == dtype and torch.equal(normed.view(torch.int16),
+                                                 expect.view(torch.int16))
 
 
 @needs_both

@@ -197,9 +197,10 @@ class DecoderLayer(nn.Module):
                 hidden, x = self.attn_in.add_and_norm(hidden, pending)
             if x.dtype == torch.bfloat16:  # fast's bfloat16 prefill copy reads these rows
                 return self._narrow(hidden, x, cos_sin, kv_layer, meta)
-            # Same order of additions as transformers, so float32 results agree to rounding.
-            hidden = hidden + self.self_attn(x, cos_sin, kv_layer, meta)
-            return hidden + getattr(self, self.mlp_name)(self.mlp_in(hidden)), None
+            # Same order of additions as transformers, so float32 results agree to rounding;
+            # each add in its norm's pass, the MLP's left to the next layer's first norm.
+            hidden, x = self.mlp_in.add_and_norm(hidden, self.self_attn(x, cos_sin, kv_layer, meta))
+            return hidden, getattr(self, self.mlp_name)(x)
         if pending is not None:  # only pre-norm layers leave one; added as forward would
             hidden = hidden + pending
         hidden = self._branch(hidden, self.self_attn(self._norm(self.attn_in, hidden), cos_sin,

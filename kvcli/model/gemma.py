@@ -25,11 +25,13 @@ from kvcli.model.llama import Device, LlamaForCausalLM
 class OffsetRMSNorm(RMSNorm):
     """Gemma's RMSNorm: ``normalise(x) * (1 + weight)`` (the checkpoint stores weight - 1)."""
 
+    def scale(self) -> torch.Tensor:
+        return 1.0 + self.weight.float()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = 1.0 + self.weight.float()
         if x.dtype == torch.float32:
-            return self.routes.rms_norm(x, scale, self.eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).type_as(x)
+            return super().forward(x)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.scale(), self.eps).type_as(x)
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):

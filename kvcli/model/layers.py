@@ -141,18 +141,24 @@ class RMSNorm(Routed):
 
     def add_and_norm(self, residual: torch.Tensor, delta: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual + delta`` and its norm: one pass where ``delta`` is a bfloat16 product of
-        fast's copy and this norm's reader runs that copy too (the same numbers as apart)."""
-        if delta.dtype == torch.bfloat16 and self.feeds_bf16_copy and self.routes.runs_bf16_copy(
-                residual):
-            return self.routes.add_rms_norm(residual, delta, self.weight, self.eps)
+        """``residual + delta`` and its norm (the same numbers as apart), one pass where the
+        norm is float32 and both are too, or where this norm's reader runs fast's bfloat16 copy
+        (the norm rounded to bfloat16) and ``delta`` is a bfloat16 product of that copy."""
+        narrow = self.feeds_bf16_copy and self.routes.runs_bf16_copy(residual)
+        if residual.dtype == torch.float32 and delta.dtype == (
+                torch.bfloat16 if narrow else torch.float32):
+            return self.routes.add_rms_norm(residual, delta, self.scale(), self.eps)
         hidden = residual + delta
         return hidden, self(hidden)
+
+    def scale(self) -> torch.Tensor:
+        """The factor the normalised rows are multiplied by (Gemma's is 1 + weight)."""
+        return self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of six ops per norm
             narrow = self.feeds_bf16_copy and self.routes.runs_bf16_copy(x)
-            return self.routes.rms_norm(x, self.weight, self.eps, narrow)
+            return self.routes.rms_norm(x, self.scale(), self.eps, narrow)
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)

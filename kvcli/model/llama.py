@@ -222,7 +222,9 @@ class LlamaForCausalLM(nn.Module):
         for index, layer in enumerate(self.model.layers):
             hidden, pending = layer.carry(hidden, pending, cos_sins[layer.self_attn.rope_slot],
                                           kv_cache[index], meta)
-        return self.model.norm(hidden if pending is None else hidden.add_(pending))
+        if pending is None:
+            return self.model.norm(hidden)
+        return self.model.norm.add_and_norm(hidden, pending)[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -170,13 +170,15 @@ class KernelRoutes:
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x + delta`` (float32 plus a bfloat16 product) and its norm in bfloat16, one pass
-        where the kernels take them; the same numbers either way."""
-        if (self.native is not None and _takes(x) and delta.dtype == torch.bfloat16
-                and delta.is_contiguous() and delta.shape == x.shape):
+        """``x + delta`` and its norm, one pass where the kernels take them; the same numbers
+        either way. A float32 ``delta`` gets a float32 norm, a bfloat16 one (a product of fast's
+        bfloat16 copy) the norm in bfloat16."""
+        narrow = delta.dtype == torch.bfloat16
+        if (self.native is not None and _takes(x) and delta.dtype in (torch.float32, torch.bfloat16)
+                and delta.device == x.device and delta.is_contiguous() and delta.shape == x.shape):
             return native.add_rms_norm(self.native, x, delta, weight, eps)
         total = x + delta
-        return total, self.rms_norm(total, weight, eps, narrow=True)
+        return total, self.rms_norm(total, weight, eps, narrow=narrow)
 
     def act_and_mul(self, gate_up: torch.Tensor, act: Activation, silu: bool) -> torch.Tensor:
         """act(gate) * up over a fused ``[..., 2 * intermediate]`` projection."""

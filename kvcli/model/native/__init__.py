@@ -76,13 +76,14 @@ def load_variant(isa: str) -> ctypes.CDLL | None:
     lib.kvcli_gemv.restype = ctypes.c_int
     lib.kvcli_rms_norm.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
     lib.kvcli_rms_norm_bf16.argtypes = [F32P, F32P, F32P, I64, I64, ctypes.c_float, I64]
-    lib.kvcli_add_rms_norm_bf16.argtypes = [F32P, F32P, F32P, F32P, F32P, I64, I64,
-                                            ctypes.c_float, I64]
+    for name in ("kvcli_add_rms_norm_bf16", "kvcli_add_rms_norm"):
+        getattr(lib, name).argtypes = [F32P, F32P, F32P, F32P, F32P, I64, I64, ctypes.c_float,
+                                       I64]
     lib.kvcli_silu_and_mul.argtypes = [F32P, F32P, I64, I64, I64]
     lib.kvcli_rope.argtypes = [F32P, F32P, F32P, *[I64] * 5]
     lib.kvcli_rope_widen.argtypes = [F32P, F32P, F32P, F32P, *[I64] * 5]
     for name in ("kvcli_gemm", "kvcli_gemm_nt", "kvcli_rms_norm", "kvcli_rms_norm_bf16",
-                 "kvcli_add_rms_norm_bf16",
+                 "kvcli_add_rms_norm_bf16", "kvcli_add_rms_norm",
                  "kvcli_silu_and_mul", "kvcli_rope", "kvcli_rope_widen"):
         getattr(lib, name).restype = None
     # Quantized weights (qgemm.c; called from kvcli/model/quant/weights.py).
@@ -365,15 +366,15 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
 
 def add_rms_norm(lib: ctypes.CDLL, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x + delta`` (a contiguous float32 ``x``, a contiguous bfloat16 ``delta``) and its
-    RMSNorm rounded to bfloat16, in one pass: what ``rms_norm(x + delta.float(), narrow=True)``
-    gives, bit for bit."""
+    """``x + delta`` (a contiguous float32 ``x``, a contiguous ``delta`` of its shape) and its
+    RMSNorm, in one pass: what ``rms_norm(x + delta.float(), narrow)`` gives, bit for bit,
+    ``narrow`` (the norm rounded to bfloat16) where ``delta`` is bfloat16 (fast's copy's)."""
     total = torch.empty_like(x)
-    out = torch.empty_like(x, dtype=torch.bfloat16)
+    out = torch.empty_like(x, dtype=delta.dtype)
     dim = x.shape[-1]
-    lib.kvcli_add_rms_norm_bf16(x.data_ptr(), delta.data_ptr(), total.data_ptr(),
-                                weight.contiguous().data_ptr(), out.data_ptr(), x.numel() // dim,
-                                dim, eps, num_threads())
+    kernel = lib.kvcli_add_rms_norm if delta.dtype == torch.float32 else lib.kvcli_add_rms_norm_bf16
+    kernel(x.data_ptr(), delta.data_ptr(), total.data_ptr(), weight.contiguous().data_ptr(),
+           out.data_ptr(), x.numel() // dim, dim, eps, num_threads())
     return total, out
 
 

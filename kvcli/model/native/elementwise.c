@@ -43,6 +43,8 @@ typedef struct {
     int64_t dim;
     float eps;
     const uint16_t *delta; /* kvcli_add_rms_norm_bf16: bfloat16 rows added into x first (to out) */
+    const float *delta32;  /* kvcli_add_rms_norm: float32 rows added into x first (to out) */
+    float *normed;         /* kvcli_add_rms_norm: the sum's norm */
 } rms_args;
 
 /* One row's norm, float32. Out of line so that the float32 path and the bfloat16 one run the
@@ -84,6 +86,11 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
             bf16_rounded(row, p->narrow + r * n, n);
             continue;
         }
+        if (p->delta32) {
+            for (int64_t i = 0; i < n; i++) p->out[r * n + i] = p->x[r * n + i] + p->delta32[r * n + i];
+            rms_row(p->out + r * n, p->weight, p->eps, n, p->normed + r * n);
+            continue;
+        }
         if (!p->narrow) {
             rms_row(p->x + r * n, p->weight, p->eps, n, p->out + r * n);
             continue;
@@ -95,13 +102,13 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
 
 void kvcli_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
                     float eps, int64_t threads) {
-    const rms_args a = {x, weight, out, NULL, dim, eps, NULL};
+    const rms_args a = {x, weight, out, NULL, dim, eps, NULL, NULL, NULL};
     parallel_rows(rms_rows, &a, rows, dim, threads);
 }
 
 void kvcli_rms_norm_bf16(const float *x, const float *weight, uint16_t *out, int64_t rows,
                          int64_t dim, float eps, int64_t threads) {
-    const rms_args a = {x, weight, NULL, out, dim, eps, NULL};
+    const rms_args a = {x, weight, NULL, out, dim, eps, NULL, NULL, NULL};
     parallel_rows(rms_rows, &a, rows, dim, threads);
 }
 
@@ -111,7 +118,15 @@ void kvcli_rms_norm_bf16(const float *x, const float *weight, uint16_t *out, int
 void kvcli_add_rms_norm_bf16(const float *x, const uint16_t *delta, float *sum,
                              const float *weight, uint16_t *out, int64_t rows, int64_t dim,
                              float eps, int64_t threads) {
-    const rms_args a = {x, weight, sum, out, dim, eps, delta};
+    const rms_args a = {x, weight, sum, out, dim, eps, delta, NULL, NULL};
+    parallel_rows(rms_rows, &a, rows, 2 * dim, threads);
+}
+
+/* The same with float32 rows: sum = x + delta (sum may be x itself) and out = its norm, in one
+ * pass where a pre-norm layer's residual add and the next norm took two (decoder.carry). */
+void kvcli_add_rms_norm(const float *x, const float *delta, float *sum, const float *weight,
+                        float *out, int64_t rows, int64_t dim, float eps, int64_t threads) {
+    const rms_args a = {x, weight, sum, NULL, dim, eps, NULL, delta, out};
     parallel_rows(rms_rows, &a, rows, 2 * dim, threads);
 }
 
