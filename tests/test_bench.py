@@ -253,3 +253,19 @@ def test_command_module_does_not_import_torch():
     code = ("import sys, kvcli.commands.bench, kvcli.bench.suite; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_timed_run_waits_for_quiet_cpus_first(monkeypatch):
+    """A peer that spins on after its batch (vLLM's engine) would slow the row timed next:
+    timed runs wait until the CPUs were 90% idle over a window, at most a bound."""
+    from kvcli.bench import measure
+
+    busy, idle = [(0, 100), (5, 200), (10, 300)], [(100, 400)]  # (idle, total) jiffies
+    readings = iter(busy + idle)
+    monkeypatch.setattr(measure, "_cpu_times", lambda: next(readings))
+    assert 0.03 <= measure.wait_for_quiet(timeout_s=5.0, window_s=0.01) < 5.0
+    assert next(readings, None) is None  # it read until the first idle window, no further
+    monkeypatch.setattr(measure, "_cpu_times", lambda: (0, 100))  # never a tick idle
+    assert 0.1 <= measure.wait_for_quiet(timeout_s=0.1, window_s=0.01) < 1.0
+    monkeypatch.setattr(measure, "_cpu_times", lambda: None)  # no /proc/stat: no wait
+    assert measure.wait_for_quiet(timeout_s=5.0, window_s=0.01) == 0.0

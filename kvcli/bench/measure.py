@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,42 @@ def load_average() -> list[float] | None:
         return None
 
 
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle, total) jiffies of every CPU together (/proc/stat), or None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields[:8])  # idle + iowait; user..steal
+
+
+def wait_for_quiet(timeout_s: float = 15.0, window_s: float = 0.25, idle_share: float = 0.9
+                   ) -> float:
+    """Until the machine's CPUs were ``idle_share`` idle over a ``window_s`` window, at most
+    ``timeout_s``; returns the seconds waited. vLLM's idle engine keeps a core busy for seconds
+    after each batch (docs/BENCHMARKS.md, 2026-12-08): the row timed next ran beside a busy core
+    (kvcli's shared-prefix 3.80 s after vLLM's warm-up against 2.72 s a repeat later)."""
+    start = time.monotonic()
+    before = _cpu_times()
+    while before is not None and time.monotonic() - start < timeout_s:
+        time.sleep(window_s)
+        after = _cpu_times()
+        if after is None:
+            break
+        idle, total = after[0] - before[0], after[1] - before[1]
+        if total > 0 and idle >= idle_share * total:
+            break
+        before = after
+    return round(time.monotonic() - start, 2)
+
+
 def float32_gflops() -> float:
     """The machine's float32 speed now: GFLOP/s of one fixed torch matmul (1,024 x 576 by
     576 x 1,536, best of 5, ~0.1 s). A VM's host moved it 1.5x within an hour with nothing else
     running (docs/BENCHMARKS.md, 2026-12-03), so each workload records it at its start and end
     beside the load: ratios between systems of one run hold; seconds across runs only at equal
     speed."""
-    import time
 
     import torch
 

@@ -14,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvcli.bench.measure import RssTracker, float32_gflops, latency_summary, load_average
+from kvcli.bench.measure import (
+    RssTracker,
+    float32_gflops,
+    latency_summary,
+    load_average,
+    wait_for_quiet,
+)
 from kvcli.bench.systems import KVCLI, BenchSystem, RunResult
 from kvcli.bench.workloads import BenchConfigError, Workload
 
@@ -29,6 +35,7 @@ class TimedRun:
     wall_s: float
     peak_rss_mb: float | None
     rss_growth_mb: float | None
+    quiet_wait_s: float = 0.0  # waited before it for the machine's CPUs to go idle
 
 
 def check_fits(workload: Workload, max_model_len: int) -> None:
@@ -45,6 +52,9 @@ def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int
     before = getattr(system, "before_run", None)
     if before is not None:  # untimed: a peer that can only empty its prefix cache by a rebuild
         before(prompts, max_new_tokens)
+    # Untimed: whatever ran before (a peer whose engine spins on after its batch) lets go of
+    # the cores, so no row is timed beside another's leftover work.
+    quiet = wait_for_quiet()
     rss = RssTracker()
     rss.start()
     start = time.perf_counter()
@@ -53,7 +63,7 @@ def timed_run(system: BenchSystem, prompts: list[list[int]], max_new_tokens: int
     peak, growth = rss.stop()
     if result.peak_rss_mb is not None:  # the system ran in its own process: its own peak
         peak, growth = result.peak_rss_mb, result.rss_growth_mb
-    return TimedRun(result, wall, peak, growth)
+    return TimedRun(result, wall, peak, growth, quiet)
 
 
 def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
@@ -84,7 +94,8 @@ def run_workload(workload: Workload, systems: list[BenchSystem], repeat: int,
                           workload.max_new_tokens)
             if timed is not None:
                 runs[system.name].append(timed)
-                progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s")
+                waited = f" (after {timed.quiet_wait_s:.1f} s for quiet CPUs)" if timed.quiet_wait_s > 1 else ""
+                progress(f"[{workload.name}]   {system.name}: {timed.wall_s:.2f} s{waited}")
     for name in guard.failed:
         del runs[name]
     reference = min(runs[KVCLI], key=lambda t: t.wall_s).result.outputs
@@ -181,6 +192,7 @@ def system_entry(name: str, timed: list[TimedRun], workload: Workload,
         "wall_s": round(best.wall_s, 5),
         "wall_s_median": round(median, 5),
         "wall_s_runs": [round(w, 5) for w in walls],
+        "quiet_wait_s_runs": [t.quiet_wait_s for t in timed],
         "prompt_tokens": prompt_tokens,
         "prefill_tokens_computed": res.prefill_tokens_computed,
         "cached_tokens": res.cached_tokens,
