@@ -76,9 +76,9 @@ def _cpu_times() -> tuple[int, int] | None:
 def wait_for_quiet(timeout_s: float = 15.0, window_s: float = 0.25, idle_share: float = 0.9
                    ) -> float:
     """Until the machine's CPUs were ``idle_share`` idle over a ``window_s`` window, at most
-    ``timeout_s``; returns the seconds waited. vLLM's idle engine keeps a core busy for seconds
-    after each batch (docs/BENCHMARKS.md, 2026-12-08): the row timed next ran beside a busy core
-    (kvcli's shared-prefix 3.80 s after vLLM's warm-up against 2.72 s a repeat later)."""
+    ``timeout_s``; returns the seconds waited. vLLM's idle engine can keep a core busy for
+    seconds after a batch (a per-process CPU trace, docs/BENCHMARKS.md, 2026-12-08): no row is
+    timed beside such leftover work."""
     start = time.monotonic()
     before = _cpu_times()
     while before is not None and time.monotonic() - start < timeout_s:

@@ -87,7 +87,8 @@ static void rms_rows(const void *a, int64_t begin, int64_t end) {
             continue;
         }
         if (p->delta32) {
-            for (int64_t i = 0; i < n; i++) p->out[r * n + i] = p->x[r * n + i] + p->delta32[r * n + i];
+            for (int64_t i = 0; i < n; i++)
+                p->out[r * n + i] = p->x[r * n + i] + p->delta32[r * n + i];
             rms_row(p->out + r * n, p->weight, p->eps, n, p->normed + r * n);
             continue;
         }
