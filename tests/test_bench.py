@@ -269,3 +269,26 @@ def test_a_timed_run_waits_for_quiet_cpus_first(monkeypatch):
     assert 0.1 <= measure.wait_for_quiet(timeout_s=0.1, window_s=0.01) < 1.0
     monkeypatch.setattr(measure, "_cpu_times", lambda: None)  # no /proc/stat: no wait
     assert measure.wait_for_quiet(timeout_s=5.0, window_s=0.01) == 0.0
+
+
+def test_the_prepared_pool_is_in_and_serves_the_warm_up(model_dir):
+    """The bench's untimed prepare faults the workload's pool in, and the short warm-up runs on
+    it: rebuilt for the warm-up, the first timed run built a new pool and faulted its pages in
+    (1.5 s of kernel time beside vLLM's process, docs/BENCHMARKS.md 2026-12-08)."""
+    from test_quant_gguf_mode import _resident
+
+    from kvcli.bench.systems import KvcliSystem
+
+    system = KvcliSystem.load(str(model_dir), 256)
+    prompts = [[(5 * i + j) % 90 + 3 for i in range(40 + 9 * j)] for j in range(4)]
+    system.prepare(prompts, 8)
+    engine, pool = system._engine, system._engine.runner.kv_cache
+    size = pool.numel() * pool.element_size()
+    start = pool.data_ptr() & ~4095
+    assert _resident(start, pool.data_ptr() + size - start) >= size
+    system.run(prompts[:2], 4)  # the warm-up's few blocks fit the workload's pool
+    assert system._engine is engine
+    full = system.run(prompts, 8)
+    assert system._engine is engine and len(full.outputs) == 4
+    system.run(prompts + prompts, 8)  # more than it holds: a bigger pool
+    assert system._engine is not engine
