@@ -94,12 +94,9 @@ def fault_in(pool: torch.Tensor) -> None:
     """Every page of a CPU ``pool`` in now, on the calling thread (the bench's untimed prepare:
     a pool filled lazily would fault its pages in during the first timed run); nothing where
     the kernel lacks the advice or the pool is not on the CPU."""
-    madvise = _madvise()
-    if madvise is None or pool.device.type != "cpu" or pool.numel() == 0:
-        return
-    start = pool.data_ptr()
-    low = start & ~(mmap.PAGESIZE - 1)
-    madvise(low, start + pool.numel() * pool.element_size() - low, _MADV_POPULATE_WRITE)
+    size = pool.numel() * pool.element_size()
+    if pool.device.type == "cpu" and size:  # _populate's one round: the whole pool at once
+        _populate(weakref.ref(pool), pool.data_ptr(), size, first=size)
 
 
 def zeroed_cpu_tensor(shape: tuple[int, ...], dtype: torch.dtype,
